@@ -1,0 +1,65 @@
+"""Documents -> tokenised requests -> length-sorted batches of whole documents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from prunebench.evaluation.encoding import encode_pair, model_input
+from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
+
+
+@dataclass
+class EncodedDoc:
+    instance: Instance
+    inputs: list[list[int]]
+    cont_lens: list[int]
+    conts: list[list[int]]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.inputs) * max(len(x) for x in self.inputs)
+
+
+class MultipleChoiceDataModule(L.LightningDataModule):
+    """A batch holds whole documents so a step can score them completely; longest first so the
+    first batch shows the peak memory (as lm-eval's Collator orders), capped by a token budget."""
+
+    def __init__(self, task: MultipleChoiceTask, tokenizer, max_length: int, limit: int | None = None,
+                 batch_tokens: int = 8192, add_bos: bool | None = None):
+        super().__init__()
+        self.task, self.tokenizer, self.max_length = task, tokenizer, max_length
+        self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
+        self.batches: list[list[EncodedDoc]] = []
+
+    def encode(self, inst: Instance) -> EncodedDoc:
+        inputs, lens, conts = [], [], []
+        for ctx_text, cont_text in zip(inst.contexts, inst.continuations):
+            ctx, cont = encode_pair(self.tokenizer, ctx_text, cont_text, self.add_bos)
+            seq, clen = model_input(ctx, cont, self.max_length)
+            inputs.append(seq)
+            lens.append(clen)
+            conts.append(cont[-clen:])
+        return EncodedDoc(inst, inputs, lens, conts)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.batches:
+            return
+        docs = sorted((self.encode(i) for i in self.task.instances(self.limit)), key=lambda d: -d.tokens)
+        batch: list[EncodedDoc] = []
+        for doc in docs:
+            if batch and (len(batch) + 1) * batch[0].tokens > self.batch_tokens:
+                self.batches.append(batch)
+                batch = []
+            batch.append(doc)
+        if batch:
+            self.batches.append(batch)
+
+    @property
+    def n_docs(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)

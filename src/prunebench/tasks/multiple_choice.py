@@ -1,0 +1,69 @@
+"""A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice` (spec §1.3-1.5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prunebench.tasks.sources import DocSource
+from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
+
+METRICS = ("acc", "acc_norm")
+
+
+@dataclass
+class Instance:
+    """One document as loglikelihood requests: request i is (contexts[i], continuations[i])."""
+
+    doc_id: int
+    contexts: list[str]
+    continuations: list[str]
+    gold: int
+    choice_lengths: list[int]  # characters of each choice, without the delimiter (acc_norm)
+    doc: dict = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class MultipleChoiceTask:
+    name: str
+    source: DocSource
+    doc_to_text: object
+    doc_to_choice: object
+    doc_to_target: object
+    metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    primary: str = "acc_norm"
+    description: str = ""
+    target_delimiter: str = " "
+    process_docs: str | None = None
+
+    def __post_init__(self):
+        self.metrics = list(self.metrics)
+        bad = [m for m in self.metrics if m not in METRICS]
+        if bad:
+            raise ValueError(f"task {self.name}: unknown metric(s) {bad}; valid: {list(METRICS)}")
+        if self.primary not in self.metrics:
+            raise ValueError(f"task {self.name}: primary={self.primary!r} must be one of metrics {self.metrics}")
+
+    def check(self) -> None:
+        self.source.check()
+
+    def docs(self, limit: int | None = None) -> list[dict]:
+        docs = self.source.load()
+        if self.process_docs:
+            docs = import_callable(self.process_docs)(docs)
+        return docs[:limit] if limit else docs
+
+    def instance(self, doc_id: int, doc: dict) -> Instance:
+        text = resolve(self.doc_to_text, doc)
+        choices = resolve_choices(self.doc_to_choice, doc)
+        if isinstance(text, int):
+            # "multiple input" (WinoGrande): the choices are contexts sharing one continuation
+            continuation = self.target_delimiter + str(resolve(self.doc_to_target, doc))
+            return Instance(doc_id, [self.description + c for c in choices], [continuation] * len(choices),
+                            text, [len(c) for c in choices], doc)
+        target = resolve_target(self.doc_to_target, doc, choices)
+        context = self.description + text
+        return Instance(doc_id, [context] * len(choices), [self.target_delimiter + c for c in choices],
+                        gold_index(target, choices), [len(c) for c in choices], doc)
+
+    def instances(self, limit: int | None = None) -> list[Instance]:
+        return [self.instance(i, doc) for i, doc in enumerate(self.docs(limit))]

@@ -1,0 +1,41 @@
+"""Everything that can be wrong with a composed config is found here, before any model loads."""
+
+from __future__ import annotations
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the value and what would be valid."""
+
+
+def validate(cfg: DictConfig) -> dict:
+    """Checks the config and returns the instantiated tasks (their data sources checked)."""
+    ratio = cfg.sparsity.ratio
+    if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
+        raise ConfigError(f"sparsity={ratio!r} is outside [0, 1); use a fraction such as 0.5 "
+                          f"(sparsity=0.5, or sparsity.ratio=0.35 for a value without a preset)")
+    limit = cfg.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r} must be a positive integer (documents per task) or null")
+    try:
+        pruner_cls = get_class(cfg.pruner._target_)
+    except Exception as err:
+        raise ConfigError(f"pruner._target_={cfg.pruner._target_!r} cannot be imported: {err}") from err
+    if cfg.model.family not in pruner_cls.families:
+        raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
+                          f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
+    if not cfg.task.get("tasks"):
+        raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
+    tasks = {}
+    for name, task_cfg in cfg.task.tasks.items():
+        try:
+            task = instantiate(task_cfg, _convert_="all")
+            task.check()
+        except FileNotFoundError as err:
+            raise ConfigError(f"task {name}: {err}") from err
+        except Exception as err:
+            raise ConfigError(f"task {name} is misconfigured: {err}") from err
+        tasks[name] = task
+    return tasks
