@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from prunebench.models.cache import get_model
 from prunebench.tracking import store
-from prunebench.tracking.run_key import dense_key, is_dense, run_key
+from prunebench.pruners.score_cache import cached_scores
+from prunebench.tracking.run_key import dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
 from prunebench.validate import validate
 
@@ -35,17 +36,12 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
     dense = is_dense(cfg)
     return {store.KEY_TAG: key, "prunebench.model": cfg.model.name,
             "prunebench.pruner": "none" if dense else cfg.pruner.name,
-            "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity.ratio)),
+            "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
             "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides)}
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
-    from prunebench.evaluation.datamodule import MultipleChoiceDataModule
-    from prunebench.evaluation.module import MultipleChoiceModule
-
-    data = MultipleChoiceDataModule(task, loaded.tokenizer, loaded.max_length, limit=cfg.get("limit"),
-                                    batch_tokens=cfg.eval.batch_tokens, add_bos=cfg.eval.add_bos)
-    module = MultipleChoiceModule(loaded.model, name, task.metrics)
+    data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
     trainer = instantiate(cfg.trainer)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
     metrics = {key: float(value) for key, value in results.items()}
@@ -65,7 +61,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
             return None
     dense = is_dense(cfg)
-    run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity.ratio}|{cfg.task.name}"
+    run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
     with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -73,13 +69,14 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in tasks.items()}
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in tasks.items()}))
         metrics["avg/score"] = sum(primary.values()) / len(primary)
+        lower = frozenset(n for n, t in tasks.items() if t.lower_is_better)
         if dense:
-            metrics.update(stability(primary, primary))
+            metrics.update(stability(primary, primary, lower))
         else:
             dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
             if dense_run:
                 dense_primary = {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
-                metrics.update(stability(primary, {n: v for n, v in dense_primary.items() if v is not None}))
+                metrics.update(stability(primary, {n: v for n, v in dense_primary.items() if v is not None}, lower))
             else:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
         mlflow.log_metrics(metrics)
@@ -94,10 +91,16 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
     start = time.perf_counter()
-    scores = None if dense else pruner.score(loaded, None)
+    scores = None
+    if not dense:
+        calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
+        key_data = {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
+                    "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calib else None}
+        scores, hit = cached_scores(pruner, loaded, calib, key_data)
+        mlflow.set_tag("prunebench.score_cache", "hit" if hit else "miss")
     metrics["time/score_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity.ratio))
+    stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))
     metrics["time/apply_s"] = time.perf_counter() - start
     metrics.setdefault("sparsity/actual", 0.0)
     metrics.update(stats)

@@ -12,10 +12,10 @@ class ConfigError(ValueError):
 
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the instantiated tasks (their data sources checked)."""
-    ratio = cfg.sparsity.ratio
-    if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
-        raise ConfigError(f"sparsity={ratio!r} is outside [0, 1); use a fraction such as 0.5 "
-                          f"(sparsity=0.5, or sparsity.ratio=0.35 for a value without a preset)")
+    ratio = cfg.sparsity
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
+        raise ConfigError(f"sparsity={ratio!r} is outside [0, 1); use a fraction of the pruner's unit "
+                          f"removed, such as sparsity=0.5 (0 = the dense baseline)")
     limit = cfg.get("limit")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r} must be a positive integer (documents per task) or null")
@@ -37,5 +37,16 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(f"task {name}: {err}") from err
         except Exception as err:
             raise ConfigError(f"task {name} is misconfigured: {err}") from err
+        if task.name != name:
+            raise ConfigError(f"task key {name!r} and its name {task.name!r} differ; metrics are logged "
+                              f"under the name, so keep them equal")
         tasks[name] = task
+    if get_class(cfg.pruner._target_).needs_calibration:
+        if cfg.calib.get("_target_") is None:
+            raise ConfigError(f"pruner={cfg.pruner.name!r} needs calibration data, but calib={cfg.calib.name!r}; "
+                              f"choose one, e.g. calib=wikitext2 or calib=file calib.path=FILE")
+        try:
+            instantiate(cfg.calib, _convert_="all").check()
+        except FileNotFoundError as err:
+            raise ConfigError(str(err)) from err
     return tasks

@@ -39,7 +39,7 @@ def score_choices(model, inputs: list[list[int]], cont_lens: list[int], conts: l
     if shared:
         out = decoder(input_ids=torch.tensor([inputs[0][:shared]], device=device), use_cache=True)
         parts.append(out.last_hidden_state.expand(k, -1, -1))
-        cache = out.past_key_values
+        cache = out.cache
     width = max(len(x) for x in inputs) - shared
     if width:
         ids = torch.zeros((k, width), dtype=torch.long, device=device)  # right padding is harmless: causal
@@ -47,7 +47,7 @@ def score_choices(model, inputs: list[list[int]], cont_lens: list[int], conts: l
             ids[row, : len(seq) - shared] = torch.tensor(seq[shared:], dtype=torch.long)
         if cache is not None:
             cache.batch_repeat_interleave(k)
-        parts.append(decoder(input_ids=ids, past_key_values=cache, use_cache=False).last_hidden_state)
+        parts.append(decoder(input_ids=ids, cache=cache, use_cache=False).last_hidden_state)
     hidden = torch.cat(parts, dim=1)
     rows = [row for row, clen in enumerate(cont_lens) for _ in range(clen)]
     cols = [pos for seq, clen in zip(inputs, cont_lens) for pos in range(len(seq) - clen, len(seq))]

@@ -15,6 +15,7 @@ class Pruner:
 
     families: ClassVar[frozenset[str]] = frozenset()
     needs_calibration: ClassVar[bool] = False
+    cacheable: ClassVar[bool] = True
 
     def __init__(self, name: str):
         self.name = name
@@ -30,6 +31,7 @@ class NoPruner(Pruner):
     """The dense baseline."""
 
     families = frozenset({"causal_lm", "encoder", "vision", "moe", "vlm"})
+    cacheable = False
 
     def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
         return {}

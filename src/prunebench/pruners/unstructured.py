@@ -20,6 +20,7 @@ class MagnitudePruner(Pruner):
     """|W| compared within each layer (the standard magnitude baseline)."""
 
     families = frozenset({"causal_lm", "encoder", "moe", "vlm"})
+    cacheable = False  # its scores are the weights themselves
 
     def __init__(self, name: str = "magnitude", skip_layers: list[int] = ()):
         super().__init__(name)

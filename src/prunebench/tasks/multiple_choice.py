@@ -43,6 +43,17 @@ class MultipleChoiceTask:
         if self.primary not in self.metrics:
             raise ValueError(f"task {self.name}: primary={self.primary!r} must be one of metrics {self.metrics}")
 
+    lower_is_better = False
+
+    def evaluation(self, loaded, limit: int | None, options) -> tuple:
+        """The (LightningDataModule, LightningModule) pair that evaluates this task in Trainer.test."""
+        from prunebench.evaluation.datamodule import MultipleChoiceDataModule
+        from prunebench.evaluation.module import MultipleChoiceModule
+
+        data = MultipleChoiceDataModule(self, loaded.tokenizer, loaded.max_length, limit=limit,
+                                        batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+        return data, MultipleChoiceModule(loaded.model, self.name, self.metrics)
+
     def check(self) -> None:
         self.source.check()
 

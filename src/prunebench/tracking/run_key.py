@@ -15,7 +15,7 @@ DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
 def is_dense(cfg: DictConfig) -> bool:
-    return cfg.pruner.name == "none" or float(cfg.sparsity.ratio) == 0.0
+    return cfg.pruner.name == "none" or float(cfg.sparsity) == 0.0
 
 
 def identity(cfg: DictConfig) -> dict:
@@ -26,7 +26,7 @@ def identity(cfg: DictConfig) -> dict:
     data.get("eval", {}).pop("batch_tokens", None)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
-        data["sparsity"] = {"ratio": 0.0}
+        data["sparsity"] = 0.0
     if is_dense(cfg) or not get_class(data["pruner"]["_target_"]).needs_calibration:
         data.pop("calib", None)
     return data
@@ -41,7 +41,7 @@ def dense_config(cfg: DictConfig) -> DictConfig:
     with_struct = OmegaConf.is_struct(dense)
     OmegaConf.set_struct(dense, False)
     dense.pruner = DENSE_PRUNER
-    dense.sparsity.ratio = 0.0
+    dense.sparsity = 0.0
     OmegaConf.set_struct(dense, with_struct)
     return dense
 
