@@ -31,6 +31,7 @@ def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None
 
 
 def model_input(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], int]:
-    """Left-truncated input (the last continuation token is never fed) and its continuation length."""
+    """Left-truncated input (the last continuation token is never fed) and how many of its last
+    positions predict continuation tokens (all of them, unless the continuation alone overflows)."""
     full = (ctx + cont)[-(max_length + 1):][:-1]
-    return full, len(cont)
+    return full, min(len(cont), len(full))

@@ -1,0 +1,36 @@
+# prunebench: `make test` and `make run` build .venv from nothing when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The only torch/torchvision pair whose wheels import together on these machines (see DESIGN.md).
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+# The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks.
+RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=40
+
+.PHONY: install test run ui report clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(TORCH_PIN)
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+run: $(STAMP)
+	$(BIN)/prunebench $(RUN_ARGS)
+	$(BIN)/prunebench-report --experiment prunebench --out reports/latest
+
+report: $(STAMP)
+	$(BIN)/prunebench-report --experiment prunebench --out reports/latest
+
+ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf $(VENV) outputs multirun/2* reports

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from prunebench.cli import CONF_DIR
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+MC_FIXTURE = FIXTURES / "mc_questions.jsonl"
+TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
+           "trainer.enable_progress_bar=false"]
+
+
+def compose_cfg(overrides: list[str] = ()):
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh SQLite MLflow store in a temporary working directory."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def shared_file(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is not present")
+    return path

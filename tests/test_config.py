@@ -1,0 +1,62 @@
+"""Every config option composes, and bad values fail before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.cli import CONF_DIR
+from prunebench.validate import ConfigError, validate
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["model", "pruner", "task", "calib", "tracking", "trainer", "bench"])
+def test_every_option_composes(group):
+    assert options(group), group
+    for option in options(group):
+        cfg = compose_cfg([f"{group}={option}"])
+        OmegaConf.to_container(cfg[group], resolve=False)
+
+
+def test_defaults_are_the_make_run_setup():
+    cfg = compose_cfg()
+    assert (cfg.model.name, cfg.pruner.name, cfg.task.name) == ("gemma3-270m", "magnitude", "bigbench_mc")
+    assert set(cfg.task.tasks) == {"bb_general_knowledge", "bb_emoji_movie", "bb_similarities_abstraction"}
+
+
+@pytest.mark.parametrize("value", ["1.5", "1.0", "-0.1", "abc"])
+def test_sparsity_outside_unit_interval_is_refused(value):
+    with pytest.raises(ConfigError, match=f"sparsity={value!r}|sparsity={value}"):
+        validate(compose_cfg(TINY_MC + [f"sparsity={value}"]))
+
+
+def test_limit_must_be_positive():
+    with pytest.raises(ConfigError, match="limit=0"):
+        validate(compose_cfg(TINY_MC + ["limit=0"]))
+
+
+def test_pruner_that_cannot_apply_to_the_model_family():
+    with pytest.raises(ConfigError, match="cannot apply to model='tiny-llama'.*family 'vision'"):
+        validate(compose_cfg(TINY_MC + ["model.family=vision"]))
+
+
+def test_missing_data_file_is_named():
+    with pytest.raises(ConfigError, match="/nope/missing.jsonl"):
+        validate(compose_cfg(TINY_MC + ["task.tasks.local_mc.source.path=/nope/missing.jsonl"]))
+
+
+def test_unknown_task_is_a_hydra_error_naming_it():
+    with pytest.raises(MissingConfigException, match="task/nope"):
+        compose_cfg(["task=nope"])
+
+
+def test_valid_config_returns_checked_tasks():
+    tasks = validate(compose_cfg(TINY_MC))
+    assert list(tasks) == ["local_mc"]

