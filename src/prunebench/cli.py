@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+from prunebench.tracking.sweep import PARENT_ENV
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 log = logging.getLogger("prunebench")
@@ -21,11 +25,17 @@ def app(cfg: DictConfig) -> None:
 
     overrides = list(HydraConfig.get().overrides.task)
     try:
-        run(cfg, overrides)
+        run(cfg, overrides, os.environ.get(PARENT_ENV))
     except ConfigError as err:
         log.error("invalid config: %s", err)
+        raise
+    except Exception as err:
+        if cfg.fail_fast:  # Hydra's launcher catches Exception per job; SystemExit stops the sweep
+            raise SystemExit(f"prunebench: stopping the sweep (fail_fast=true): {err}") from err
         raise
 
 
 def main() -> None:
+    # SIGTERM (a cluster's scancel, a killed make) unwinds like Ctrl-C: open runs end KILLED
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     app()

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from prunebench.models.cache import get_model
 from prunebench.tracking import store
 from prunebench.pruners.score_cache import cached_scores
-from prunebench.tracking.run_key import dense_key, identity, is_dense, run_key
+from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
 from prunebench.validate import validate
 
@@ -61,6 +61,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
             return None
     dense = is_dense(cfg)
+    if not dense and cfg.tracking.ensure_dense and store.finished_run(uri, exp_id, dense_key(cfg)) is None:
+        log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
+        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
     with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
@@ -103,7 +106,9 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))
     metrics["time/apply_s"] = time.perf_counter() - start
     metrics.setdefault("sparsity/actual", 0.0)
-    metrics.update(stats)
+    # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
+    mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
+    metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
     metrics.update(parameter_counts(loaded.model))
     start = time.perf_counter()
     for name, task in tasks.items():

@@ -1,4 +1,4 @@
-"""`prunebench-report`: the grid of an experiment as a Markdown table (and CSV), from MLflow."""
+"""`prunebench-report`: an experiment's grid (or one sweep's) as a Markdown table, CSV and plots."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import mlflow
 
-from prunebench.report.table import load_runs, results_table, to_markdown
+from prunebench.report.build import latest_sweep, write_report
 from prunebench.tracking.store import tracking_uri
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prunebench-report", description=__doc__)
     parser.add_argument("--experiment", default="prunebench", help="MLflow experiment name")
-    parser.add_argument("--sweep", default=None, help="only the jobs of this sweep (parent run id)")
-    parser.add_argument("--out", default=None, help="also write results.md and results.csv here")
+    parser.add_argument("--sweep", default=None, help="only the jobs of this sweep: its parent run id, or 'latest'")
+    parser.add_argument("--out", default="reports/latest", help="folder for results.md, results.csv and plots")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
@@ -24,18 +24,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
               file=sys.stderr)
         return 2
-    runs = load_runs(args.experiment, args.sweep)
-    if runs.empty:
-        print(f"prunebench-report: experiment {args.experiment!r} has no FINISHED prunebench runs", file=sys.stderr)
+    sweep = latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
+    try:
+        out = write_report(args.experiment, sweep, Path(args.out))
+    except LookupError as err:
+        print(f"prunebench-report: {err}", file=sys.stderr)
         return 1
-    table = results_table(runs)
-    markdown = to_markdown(table)
-    print(markdown)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.md").write_text(markdown + "\n")
-        table.to_csv(out / "results.csv", index=False)
+    print((out / "results.md").read_text(), end="")
+    print(f"\n(written to {out}/: results.md, results.csv, plots)")
+    if sweep:
+        mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")
     return 0
 
 

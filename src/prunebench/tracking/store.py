@@ -65,7 +65,7 @@ def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_r
     try:
         yield run
     except BaseException as err:
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         try:
             mlflow.log_text(traceback.format_exc(), "traceback.txt")
             mlflow.set_tag("prunebench.error", f"{type(err).__name__}: {err}"[:5000])
