@@ -8,7 +8,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 # The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks.
 RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=40
 
-.PHONY: install test run ui report clean
+.PHONY: install test run ui report bench-gpu clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ report: $(STAMP)
 
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+
+# dense vs pruned LLaMA-2-7B-shaped latency table on a GPU machine (fits in 5 minutes)
+bench-gpu: $(STAMP)
+	bash bench/gpu_latency.sh
 
 clean:
 	rm -rf $(VENV) outputs multirun/2* reports

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from prunebench.cache import content_key
 
 # Fields that change where or how fast a job runs, never its numbers.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "bench")
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast")
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
