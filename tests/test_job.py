@@ -88,6 +88,7 @@ def test_cli_multirun_sweeps_a_grid(store):
                            "sparsity=0.3,0.5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = runs(store)
+    df = df[df["tags.prunebench.sweep"].isna()]  # the sweep's parent run is not a job
     # none@0.3 and none@0.5 share the dense run key: 3 runs, all FINISHED
     assert len(df) == 3 and set(df.status) == {"FINISHED"}
     assert sorted(df["tags.prunebench.sparsity"]) == ["0.0", "0.3", "0.5"]
