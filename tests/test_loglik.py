@@ -1,56 +1,96 @@
-"""The shared-prefix scorer equals the plain one-sequence-per-choice computation (fp32, 1e-4)."""
+"""The batched shared-prefix scorer equals the plain one-sequence-per-choice computation (fp32, 1e-4)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from prunebench.evaluation.encoding import encode_pair, model_input
-from prunebench.evaluation.loglik import common_prefix_len, score_choices
+from prunebench.evaluation.loglik import common_prefix_len, padded_runs, score_choices, score_documents
 from prunebench.models.tiny import load_tiny
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+# a sliding window shorter than the documents, so window masking across the cache is exercised
 GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 256,
           "sliding_window": 8, "final_logit_softcapping": 30.0, "layer_types": None}
 
-REQUESTS = [
-    ("Question: How many legs do horses have?\nAnswer:", [" two", " four", " six legs in total"]),
-    ("The trophy doesn't fit because the", [" trophy is too big.", " suitcase is too small."]),
-    ("Answer: ", ["Paris", "London"]),
-    ("A", [" B"]),
+# (contexts, continuations): one context for all choices, or one per choice (WinoGrande-style)
+DOCUMENTS = [
+    (["Question: How many legs do horses have?\nAnswer:"], [" two", " four", " six legs in total"]),
+    (["The trophy doesn't fit because the"], [" trophy is too big.", " suitcase is too small."]),
+    (["Answer: "], ["Paris", "London"]),
+    (["A"], [" B"]),
+    (["Question: Which?\nA. x\nB. y\nAnswer:"], [" A", " B"]),  # one-token continuations: no suffix pass
+    (["Sarah was a better surgeon than Maria so Sarah", "Sarah was a better surgeon than Maria so Maria"],
+     [" always got the easier cases."]),
+    (["Sarah got it", "Maria got it"], [" right."]),  # no shared prefix at all without BOS
 ]
+
+
+@dataclass
+class Doc:
+    inputs: list[list[int]]
+    cont_lens: list[int]
+    conts: list[list[int]]
+
+
+def encode_doc(tokenizer, contexts, continuations, max_length, add_bos=None) -> Doc:
+    pairs = [(c, x) for c in contexts for x in continuations]
+    doc = Doc([], [], [])
+    for context, continuation in pairs:
+        ctx, cont = encode_pair(tokenizer, context, continuation, add_bos)
+        seq, clen = model_input(ctx, cont, max_length)
+        doc.inputs.append(seq), doc.cont_lens.append(clen), doc.conts.append(cont[-clen:])
+    return doc
 
 
 def reference(model, seq: list[int], clen: int, cont: list[int]) -> tuple[float, bool]:
     """The plain computation: the whole sequence through the model, full log-softmax."""
-    logits = model(torch.tensor([seq])).logits[0].float()
+    with torch.no_grad():
+        logits = model(torch.tensor([seq])).logits[0].float()
     logprobs = torch.log_softmax(logits, -1)[len(seq) - clen:]
     target = torch.tensor(cont)
     return float(logprobs.gather(1, target[:, None]).sum()), bool((logprobs.argmax(-1) == target).all())
 
 
-@pytest.mark.parametrize("config", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
-@pytest.mark.parametrize("max_length", [256, 12])
-def test_shared_prefix_scores_equal_per_choice_reference(config, max_length):
-    loaded = load_tiny(name="t", config=config, seed=1)
-    for context, continuations in REQUESTS:
-        inputs, lens, conts = [], [], []
-        for continuation in continuations:
-            ctx, cont = encode_pair(loaded.tokenizer, context, continuation)
-            seq, clen = model_input(ctx, cont, max_length)
-            inputs.append(seq)
-            lens.append(clen)
-            conts.append(cont[-clen:])
-        got = score_choices(loaded.model, inputs, lens, conts)
-        with torch.no_grad():
-            want = [reference(loaded.model, s, n, c) for s, n, c in zip(inputs, lens, conts)]
-        for (g_ll, g_greedy), (w_ll, w_greedy) in zip(got, want):
+def assert_equal_to_reference(model, docs: list[Doc], got):
+    for doc, scores in zip(docs, got):
+        want = [reference(model, s, n, c) for s, n, c in zip(doc.inputs, doc.cont_lens, doc.conts)]
+        for (g_ll, g_greedy), (w_ll, w_greedy) in zip(scores, want):
             assert g_ll == pytest.approx(w_ll, abs=1e-4)
             assert g_greedy == w_greedy
+
+
+@pytest.mark.parametrize("config", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("max_length", [256, 12])
+@pytest.mark.parametrize("add_bos", [None, False])
+def test_one_batch_of_documents_equals_per_choice_reference(config, max_length, add_bos):
+    loaded = load_tiny(name="t", config=config, seed=1)
+    docs = [encode_doc(loaded.tokenizer, c, x, max_length, add_bos) for c, x in DOCUMENTS]
+    got = score_documents(loaded.model, docs)
+    assert [len(s) for s in got] == [len(d.inputs) for d in docs]
+    assert_equal_to_reference(loaded.model, docs, got)
+
+
+def test_batching_and_logit_chunks_do_not_change_scores():
+    loaded = load_tiny(name="t", config=GEMMA3, seed=2)
+    docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]
+    together = score_documents(loaded.model, docs, logits_bytes=1)  # one LM-head row at a time
+    for doc, scores in zip(docs, together):
+        alone = score_choices(loaded.model, doc.inputs, doc.cont_lens, doc.conts)
+        for (a, ga), (b, gb) in zip(scores, alone):
+            assert a == pytest.approx(b, abs=1e-5) and ga == gb
 
 
 def test_common_prefix_len():
     assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert common_prefix_len([[5], [6]]) == 0
+
+
+def test_padded_runs_bound_padding_and_keep_empty_items_apart():
+    assert padded_runs([40, 31, 30, 12, 9, 8, 2, 1], int) == [[40, 31, 30], [12, 9, 8], [2, 1]]
+    assert padded_runs([3, 0, 0], int) == [[3], [0, 0]]

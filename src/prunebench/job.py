@@ -37,7 +37,9 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
     return {store.KEY_TAG: key, "prunebench.model": cfg.model.name,
             "prunebench.pruner": "none" if dense else cfg.pruner.name,
             "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
-            "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides)}
+            "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
+            # whose prompts and scoring (lm_eval, opencompass), for suites that offer a choice
+            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {})}
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
@@ -112,8 +114,18 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     metrics.update(parameter_counts(loaded.model))
     start = time.perf_counter()
     for name, task in tasks.items():
+        pruner.start_task(name)
         task_metrics, records = evaluate_task(cfg, loaded, name, task)
         metrics.update(task_metrics)
+        metrics.update(pruner.task_metrics(name))
+        for path, artifact in pruner.task_artifacts(name).items():
+            (mlflow.log_dict if isinstance(artifact, dict) else mlflow.log_figure)(artifact, path)
         mlflow.log_text("\n".join(json.dumps(r) for r in records), f"predictions/{name}.jsonl")
     metrics["time/eval_s"] = time.perf_counter() - start
+    if cfg.bench.name != "none":
+        from prunebench.bench.measure import benchmark
+
+        bench_metrics, bench_tags = benchmark(cfg, loaded, dense)
+        metrics.update(bench_metrics)
+        mlflow.set_tags(bench_tags)
     return metrics

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -19,6 +21,10 @@ def validate(cfg: DictConfig) -> dict:
     limit = cfg.get("limit")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r} must be a positive integer (documents per task) or null")
+    data_dir = cfg.get("data_dir")
+    if data_dir is not None and not Path(str(data_dir)).expanduser().is_dir():
+        raise ConfigError(f"data_dir={data_dir!r} is not a folder; it holds benchmark files in the README's "
+                          f"layout (arc/ARC-Easy-Test.jsonl, piqa/valid.jsonl, ...), or null reads the hub")
     try:
         pruner_cls = get_class(cfg.pruner._target_)
     except Exception as err:
@@ -26,6 +32,12 @@ def validate(cfg: DictConfig) -> dict:
     if cfg.model.family not in pruner_cls.families:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
+    try:
+        pruner = instantiate(cfg.pruner, _convert_="all")
+        if float(ratio) > 0:
+            pruner.check(float(ratio))
+    except Exception as err:
+        raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
     if not cfg.task.get("tasks"):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     tasks = {}
@@ -40,13 +52,34 @@ def validate(cfg: DictConfig) -> dict:
         if task.name != name:
             raise ConfigError(f"task key {name!r} and its name {task.name!r} differ; metrics are logged "
                               f"under the name, so keep them equal")
+        families = getattr(task, "families", None)
+        if families and cfg.model.family not in families:
+            raise ConfigError(f"task {name} cannot evaluate model={cfg.model.name!r} (family {cfg.model.family!r}); "
+                              f"it evaluates: {sorted(families)}")
         tasks[name] = task
+    if cfg.bench.name != "none":
+        options = OmegaConf.to_container(cfg.bench, resolve=True)
+        options.pop("semi_structured", None)
+        try:
+            bench = instantiate(options)
+        except Exception as err:
+            raise ConfigError(f"bench={cfg.bench.name!r} is misconfigured: {err}") from err
+        if cfg.model.family not in bench.families:
+            raise ConfigError(f"bench={cfg.bench.name!r} cannot time model={cfg.model.name!r} (family "
+                              f"{cfg.model.family!r}); it times: {sorted(bench.families)}")
     if get_class(cfg.pruner._target_).needs_calibration:
         if cfg.calib.get("_target_") is None:
             raise ConfigError(f"pruner={cfg.pruner.name!r} needs calibration data, but calib={cfg.calib.name!r}; "
                               f"choose one, e.g. calib=wikitext2 or calib=file calib.path=FILE")
         try:
-            instantiate(cfg.calib, _convert_="all").check()
+            calib = instantiate(cfg.calib, _convert_="all")
+            calib.check()
         except FileNotFoundError as err:
             raise ConfigError(str(err)) from err
+        except Exception as err:
+            raise ConfigError(f"calib={cfg.calib.name!r} is misconfigured: {err}") from err
+        shared = calib.evaluated_overlap(tasks)
+        if shared and not calib.allow_eval_split:
+            raise ConfigError(f"calib={cfg.calib.name!r} reads data that is evaluated ({shared}); calibrate on "
+                              f"another split or source, or set calib.allow_eval_split=true to do it anyway")
     return tasks

@@ -8,6 +8,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from prunebench.evaluation.encoding import encode_pair, model_input
+from prunebench.evaluation.loglik import common_prefix_len
 from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
 
 
@@ -20,12 +21,15 @@ class EncodedDoc:
 
     @property
     def tokens(self) -> int:
-        return len(self.inputs) * max(len(x) for x in self.inputs)
+        """Positions the scorer runs for this document: the shared prefix once, then each choice's rest."""
+        shared = common_prefix_len(self.inputs)
+        return shared + len(self.inputs) * (max(len(x) for x in self.inputs) - shared)
 
 
 class MultipleChoiceDataModule(L.LightningDataModule):
-    """A batch holds whole documents so a step can score them completely; longest first so the
-    first batch shows the peak memory (as lm-eval's Collator orders), capped by a token budget."""
+    """A batch holds whole documents, scored together in one step; longest first so the first batch
+    shows the peak memory (as lm-eval's Collator orders), and neighbours of similar length pad
+    little. `batch_tokens` caps a batch's padded positions: the batch size follows from it."""
 
     def __init__(self, task: MultipleChoiceTask, tokenizer, max_length: int, limit: int | None = None,
                  batch_tokens: int = 8192, add_bos: bool | None = None):

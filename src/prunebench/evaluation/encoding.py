@@ -4,14 +4,14 @@ from __future__ import annotations
 
 
 def encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
-    """`add_bos=None` delegates BOS to the tokenizer's default (lm-eval >= 0.4.9.2); a string that
-    already starts with the BOS text gets no second one."""
-    if add_bos is None:
-        bos = tokenizer.bos_token
-        if bos and text.startswith(bos):
-            return tokenizer.encode(text, add_special_tokens=False)
-        return tokenizer.encode(text)
-    return tokenizer.encode(text, add_special_tokens=add_bos)
+    """`add_bos=None` delegates BOS to the tokenizer's default (lm-eval >= 0.4.9.2), true/false forces
+    it; either way a string that already starts with the prefix token's text (BOS, else EOS) gets no
+    second one, as lm-eval's tok_encode checks."""
+    kwargs = {} if add_bos is None else {"add_special_tokens": add_bos}
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if prefix is not None and text.startswith(tokenizer.decode(prefix)):
+        kwargs["add_special_tokens"] = False
+    return tokenizer.encode(text, **kwargs)
 
 
 def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None = None

@@ -9,7 +9,7 @@ import torch
 import torchmetrics
 
 from prunebench.evaluation.datamodule import EncodedDoc
-from prunebench.evaluation.loglik import score_choices
+from prunebench.evaluation.loglik import score_documents
 
 
 def first_argmax(values: list[float]) -> int:
@@ -27,8 +27,7 @@ class MultipleChoiceModule(L.LightningModule):
         self.records: list[dict] = []
 
     def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
-        for doc in batch:
-            scored = score_choices(self.model, doc.inputs, doc.cont_lens, doc.conts)
+        for doc, scored in zip(batch, score_documents(self.model, batch)):
             lls = [s for s, _ in scored]
             greedy = [g for _, g in scored]
             inst = doc.instance

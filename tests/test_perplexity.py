@@ -1,0 +1,120 @@
+"""Perplexity over consecutive windows, against the model's own full logits, and as a whole job:
+metric names, stability for lower-is-better, and scores cached across sparsities."""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from conftest import compose_cfg, shared_file
+from prunebench.corpora import TextCorpus
+from prunebench.evaluation.perplexity import window_nll
+from prunebench.evaluation.windows import token_windows, window_prefix
+from prunebench.job import run
+from prunebench.models.tiny import load_tiny
+from prunebench.tasks.perplexity import PerplexityTask
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+ARTICLE = (" = Valkyria Chronicles III = \n Senjō no Valkyria 3 : Unrecorded Chronicles is a tactical role @-@ "
+           "playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Article(TextCorpus):
+    def documents(self):
+        return [ARTICLE] * 6
+
+    def data_ids(self):
+        return {"article"}
+
+
+def test_windows_are_consecutive_start_with_bos_and_drop_the_remainder():
+    ids = list(range(100, 125))
+    windows = token_windows(ids, 6, [1])
+    assert windows.tolist() == [[1, *range(100 + 5 * i, 105 + 5 * i)] for i in range(5)]
+    assert token_windows(ids, 6, []).tolist() == [list(range(100 + 6 * i, 106 + 6 * i)) for i in range(4)]
+    tokenizer = load_tiny(name="t", config=CONFIG).tokenizer
+    assert window_prefix(tokenizer) == [tokenizer.bos_token_id]
+    assert window_prefix(tokenizer, add_bos=False) == []
+
+
+def test_window_nll_equals_the_full_logits_computation():
+    loaded = load_tiny(name="t", config=CONFIG)
+    windows = torch.randint(3, 400, (3, 20), generator=torch.Generator().manual_seed(0))
+    logits = loaded.model(windows).logits[:, :-1]
+    expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1),
+                               reduction="none").view(3, -1).sum(1)
+    torch.testing.assert_close(window_nll(loaded.model, windows).float(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_task_perplexity_is_exp_of_mean_token_nll_and_limit_caps_windows():
+    import lightning as L
+
+    loaded = load_tiny(name="t", config=CONFIG)
+    task = PerplexityTask(name="article_ppl", source=Article(), seq_len=16)
+    options = OmegaConf.create({"batch_tokens": 40, "add_bos": None})
+    data, module = task.evaluation(loaded, 5, options)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    result = trainer.test(module, datamodule=data, verbose=False)[0]
+    assert len(data.windows) == 5 and len(module.records) == 5
+    nll = window_nll(loaded.model, data.windows)
+    assert result["article_ppl/ppl"] == pytest.approx(math.exp(float(nll.sum()) / (5 * 15)), rel=1e-5)
+    assert module.stderr("ppl") > 0
+    assert task.lower_is_better and task.primary == "ppl"
+
+
+def test_sweep_logs_ppl_and_stability_and_scores_once_for_all_ratios(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "wikitext2").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "wikitext2" / f"wiki.{split}.raw").write_text(ARTICLE.replace("III", split) * 10)
+    base = ["model=tiny-llama", "task=wikitext2_ppl", f"++data_dir={tmp_path}", "task.tasks.wikitext2_ppl.seq_len=32",
+            "pruner=wanda", "calib=wikitext2", "calib.n_samples=4", "calib.seq_len=32",
+            "trainer.enable_progress_bar=false"]
+    first = run(compose_cfg(base + ["sparsity=0.3"]))
+    second = run(compose_cfg(base + ["sparsity=0.6"]))
+    mlflow.set_tracking_uri(store)
+    df = mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time ASC"])
+    dense = df[df["tags.prunebench.pruner"] == "none"].iloc[0]
+    assert dense["metrics.stability/wikitext2_ppl"] == 100.0
+    for metrics in (first, second):
+        assert metrics["wikitext2_ppl/ppl"] > 1 and not math.isnan(metrics["wikitext2_ppl/ppl_stderr"])
+        assert metrics["stability/wikitext2_ppl"] == pytest.approx(
+            100 * dense["metrics.wikitext2_ppl/ppl"] / metrics["wikitext2_ppl/ppl"])
+    pruned = df[df["tags.prunebench.pruner"] == "wanda"]
+    assert list(pruned["tags.prunebench.score_cache"]) == ["miss", "hit"]
+    assert second["time/score_s"] < first["time/score_s"]
+    assert second["sparsity/actual"] == pytest.approx(0.6, abs=0.01)
+
+
+@pytest.mark.real_model
+@pytest.mark.shared_data
+def test_gemma_wikitext2_perplexity_is_sane():
+    import lightning as L
+
+    from prunebench.corpora import WikiText2
+    from prunebench.models.gemma_gguf import load_gemma3_270m
+
+    data_dir = shared_file("wikitext2", "wiki.test.raw").parent.parent
+    try:
+        loaded = load_gemma3_270m(name="gemma3-270m")
+    except ImportError as err:
+        pytest.skip(f"gemma3-270m is not installed: {err}")
+    task = PerplexityTask(name="wikitext2_ppl", source=WikiText2("test", str(data_dir)), seq_len=128)
+    data, module = task.evaluation(loaded, 2, OmegaConf.create({"batch_tokens": 256, "add_bos": None}))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    ppl = trainer.test(module, datamodule=data, verbose=False)[0]["wikitext2_ppl/ppl"]
+    assert 5 < ppl < 100

@@ -1,0 +1,172 @@
+"""Depth, width and MoP pruning, and the FLOP count, on tiny random decoders."""
+
+from __future__ import annotations
+
+import copy
+
+import mlflow
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.bench.flops import forward_flops
+from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.attention import attention_heads
+from prunebench.pruners.layers import BlockInfluencePruner, LastLayersPruner, block_influence, remove_layers
+from prunebench.pruners.mop import MoPPruner, block_params
+from prunebench.pruners.width import WidthPruner, amp_scores, mlp_modules
+
+SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2)
+
+
+def decoder(model_type: str = "llama", layers: int = 6) -> AutoModelForCausalLM:
+    torch.manual_seed(0)
+    extra = {}
+    if model_type == "gemma3_text":
+        extra = dict(head_dim=8, sliding_window=4, sliding_window_pattern=2,
+                     layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+    config = AutoConfig.for_model(model_type, num_hidden_layers=layers, **SMALL, **extra)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def loaded(model) -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=None, name="tiny", family="causal_lm", max_length=64)
+
+
+class Windows:
+    def samples(self, tokenizer):
+        return torch.randint(3, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+
+
+IDS = torch.randint(3, 97, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model, ids=IDS):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_flops_per_token_count_every_matmul_with_eager_attention():
+    model = decoder(layers=2)
+    tokens = 16
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    heads, d = 4, 8
+    attention = 2 * (2 * tokens * tokens * heads * d) * 2  # QK^T and PV, 2 FLOPs per MAC, 2 layers
+    got = forward_flops(loaded(model), tokens=tokens)["flops/per_token"]
+    assert got == 2 * linear + attention / tokens
+    assert model.config._attn_implementation == "sdpa"  # eager only while counting
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_removed_layers_run_cache_save_and_reload(model_type, tmp_path):
+    model = decoder(model_type)
+    remove_layers(model, {1, 2})
+    assert model.config.num_hidden_layers == 4
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1, 2, 3]
+    if model_type == "gemma3_text":
+        assert model.config.layer_types == ["sliding_attention", "full_attention"] * 2
+    # cached decoding equals the full forward (the cache is indexed by the renumbered layers)
+    with torch.no_grad():
+        out = model.generate(IDS[:1], max_new_tokens=5, do_sample=False)
+        step = model(out[:, :-1]).logits[0, -5:].argmax(-1)
+    assert torch.equal(step, out[0, -5:])
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(model))
+
+
+def test_block_influence_equals_one_minus_cosine_of_hidden_states():
+    model = decoder()
+    ids = Windows().samples(None)
+    bi = block_influence(model, [{"input_ids": ids}])
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    # hidden_states[i] enters block i; the last entry is after the final norm, so skip the last block
+    for i in range(len(bi) - 1):
+        cos = torch.nn.functional.cosine_similarity(hidden[i], hidden[i + 1], dim=-1).mean()
+        assert float(bi[i]) == pytest.approx(1 - float(cos), abs=1e-5)
+
+
+def test_layer_pruners_remove_the_chosen_blocks():
+    lm = loaded(decoder())
+    scores = torch.tensor([0.5, 0.1, 0.9, 0.2, 0.8, 0.7])
+    assert BlockInfluencePruner().drop(scores, 6, 3) == {1, 3, 0}
+    assert LastLayersPruner("layers_last").drop(None, 6, 3) == {1, 2, 3}
+    assert LastLayersPruner("layers_last").drop(None, 6, 6) == {0, 1, 2, 3}  # the last two always stay
+    stats = LastLayersPruner("layers_last").apply(lm, None, 0.5)
+    assert stats["sparsity/actual"] == 0.5 and len(lm.model.model.layers) == 3
+    assert stats["sparsity/params"] > 0 and stats["sparsity/flops"] > 0
+
+
+def test_width_pruning_equals_masking_the_same_heads_and_neurons(tmp_path):
+    model = decoder()
+    lm = loaded(copy.deepcopy(model))
+    pruner = WidthPruner()
+    scores = pruner.score(lm, Windows())
+    stats = pruner.apply(lm, scores, 0.5)
+    assert stats == pytest.approx({**stats, "sparsity/actual": 0.5, "sparsity/heads": 0.5})
+    # the reference: zero the output columns of the same dropped heads and neurons
+    masked = copy.deepcopy(model)
+    with torch.no_grad():
+        for h, mlp, head_score, neuron_score in zip(attention_heads(masked), mlp_modules(masked),
+                                                    scores["heads"], scores["neurons"]):
+            for group in (0, 2):  # GQA: the weaker query head of each key/value group goes
+                head = group + int(torch.argmin(head_score[group:group + 2]))
+                h.out_proj.weight[:, head * 8:(head + 1) * 8] = 0
+            mlp.down_proj.weight[:, torch.argsort(neuron_score, descending=True, stable=True)[24:]] = 0
+    torch.testing.assert_close(logits(lm.model), logits(masked), rtol=0, atol=1e-5)
+    config = lm.model.config
+    assert (config.intermediate_size, config.num_attention_heads, config.num_key_value_heads) == (24, 2, 2)
+    lm.model.save_pretrained(tmp_path)
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(lm.model))
+
+
+def test_amp_neuron_scores_are_mean_absolute_down_proj_inputs():
+    model = decoder(layers=2)
+    ids = Windows().samples(None)
+    seen = []
+    hook = model.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    with torch.no_grad():
+        model(ids)
+    hook.remove()
+    scores = amp_scores(model, [{"input_ids": ids[:2]}, {"input_ids": ids[2:]}])
+    torch.testing.assert_close(scores["neurons"][1], seen[0].abs().mean((0, 1)))
+
+
+@pytest.mark.parametrize("selector", ["random", "perplexity"])
+def test_mop_reaches_the_ratio_of_block_parameters(selector, tmp_path):
+    lm = loaded(decoder(layers=8))
+    start = block_params(lm.model)
+    pruner = MoPPruner(selector=selector, seed=1)
+    stats = pruner.apply(lm, pruner.score(lm, Windows()), 0.4)
+    assert stats["sparsity/actual"] == pytest.approx(1 - block_params(lm.model) / start)
+    assert 0.4 <= stats["sparsity/actual"] < 0.45
+    assert set(stats["mop/sequence"]) <= {"L", "G"} and len(stats["mop/sequence"]) >= 3
+    assert stats["mop/layers_removed"] == 8 - len(lm.model.model.layers)
+    lm.model.save_pretrained(tmp_path)
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(lm.model))
+
+
+def test_mop_random_sequence_is_seeded():
+    runs = []
+    for seed in (1, 1, 2):
+        lm = loaded(decoder(layers=8))
+        pruner = MoPPruner(seed=seed)
+        runs.append(pruner.apply(lm, pruner.score(lm, Windows()), 0.5)["mop/sequence"])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_mop_job_logs_its_sequence_as_a_tag_and_structure_metrics(store, tmp_path):
+    from prunebench.job import run
+
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    overrides = TINY_MC + ["pruner=mop", "sparsity=0.5", "calib=file", f"calib.path={text}", "calib.n_samples=2",
+                           "calib.seq_len=16", "tracking.ensure_dense=false"]
+    metrics = run(compose_cfg(overrides))
+    assert metrics["sparsity/actual"] >= 0.5 and metrics["sparsity/params"] > 0
+    assert metrics["flops/per_token"] > 0 and metrics["sparsity/flops"] > 0
+    run_row = mlflow.search_runs(experiment_names=["prunebench"]).iloc[0]
+    assert set(run_row["tags.mop/sequence"]) <= {"L", "G"}
+    assert "metrics.mop/sequence" not in run_row
