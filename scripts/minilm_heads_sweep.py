@@ -84,9 +84,8 @@ def pair_batches(tokenizer, pairs: list[tuple[str, str]], batch_size: int) -> li
 
 def quality(model, tokenizer, docs, dense_emb: torch.Tensor) -> dict[str, float]:
     questions = embed(model, tokenizer, [q for q, _, _ in docs])
-    correct = 0
-    for q, (_, choices, gold) in zip(questions, docs):
-        correct += int(torch.argmax(embed(model, tokenizer, choices) @ q)) == gold
+    choices = embed(model, tokenizer, [c for _, cs, _ in docs for c in cs]).split([len(cs) for _, cs, _ in docs])
+    correct = sum(int(torch.argmax(c @ q)) == gold for q, c, (_, _, gold) in zip(questions, choices, docs))
     return {"retrieval_acc": correct / len(docs), "fidelity": float((questions * dense_emb).sum(-1).mean())}
 
 

@@ -59,19 +59,19 @@ def test_hellaswag_preprocessing_is_lm_evals():
 
 def test_winogrande_partial_scoring():
     docs = requests(task("winogrande", f"data_dir={RELEASE}"))
-    assert docs[0] == (["Sarah was a much better surgeon than Maria so Sarah",
-                        "Sarah was a much better surgeon than Maria so Maria"],
-                       [" always got the easier cases.", " always got the easier cases."], 1)
+    assert docs[0] == (["Tom was a much faster runner than Ben so Tom",
+                        "Tom was a much faster runner than Ben so Ben"],
+                       [" always finished the race last.", " always finished the race last."], 1)
     assert docs[2][1] == [" .", " ."]
 
 
 def test_commonsense_qa_letter_prompt_and_openbookqa_stem():
     contexts, continuations, gold = requests(task("commonsense_qa", f"data_dir={RELEASE}"))[1]
-    assert contexts[0] == ("Question: What do people aim to do at work?\nA. complete job\nB. learn from each other\n"
-                           "C. kill animals\nD. wear hats\nE. talk to each other\nAnswer:")
+    assert contexts[0] == ("Question: What does a baker mostly do in the morning?\nA. bake bread\nB. sing songs\n"
+                           "C. fly kites\nD. paint walls\nE. swim laps\nAnswer:")
     assert continuations == [" A", " B", " C", " D", " E"] and gold == 0
     obqa = requests(task("openbookqa", f"data_dir={RELEASE}"))
-    assert set(obqa[1][0]) == {"There is most likely going to be fog around: "}
+    assert set(obqa[1][0]) == {"Frost is most likely to form on a night that is: "}
     assert obqa[2][2] == 2  # answerKey " C"
 
 
