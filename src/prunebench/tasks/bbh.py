@@ -321,6 +321,8 @@ def bbh(name: str, variant: str, protocol: str = "lm_eval", subtasks: list[str] 
     if protocol == "opencompass" and variant == "fewshot":
         raise ValueError("OpenCompass has no plain few-shot BBH; with task.protocol=opencompass use "
                          "task=bbh_cot_fewshot (its bbh_gen) or task=bbh_zeroshot (its bbh_0shot_nocot_gen)")
+    if max_gen_toks is not None and max_gen_toks < 1:
+        raise ValueError(f"max_gen_toks={max_gen_toks} must be positive or null")
     if source not in ("bbh", "bigbench"):
         raise ValueError(f"source={source!r}; valid: ['bbh', 'bigbench']")
     names = list(SUBTASKS) if subtasks is None else list(subtasks)

@@ -138,7 +138,7 @@ class GenerateUntilTask:
         return answers, {name: self.metric(answer, target) for name, answer in answers.items()}
 
     def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        return evaluation([self], None, loaded, limit, options)
+        return generation_evaluation([self], None, loaded, limit, options)
 
 
 def mean_stderr(values: list[float]) -> float:
@@ -196,10 +196,11 @@ class TaskGroup:
         return sum(means) / len(means), math.sqrt(sum(se ** 2 for se in stderrs)) / len(stderrs)
 
     def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        return evaluation(self.tasks, self, loaded, limit, options)
+        return generation_evaluation(self.tasks, self, loaded, limit, options)
 
 
-def evaluation(tasks: list[GenerateUntilTask], group: TaskGroup | None, loaded, limit: int | None, options) -> tuple:
+def generation_evaluation(tasks: list[GenerateUntilTask], group: TaskGroup | None, loaded, limit: int | None,
+                          options) -> tuple:
     from prunebench.evaluation.generation import GenerationDataModule, GenerationModule
 
     first = tasks[0]
