@@ -120,16 +120,17 @@ def test_bad_choices_are_config_errors_before_any_model_loads():
                                          "task.tasks.bbh_zeroshot.source=bigbench"]))
 
 
-@pytest.mark.parametrize("protocol", ["lm_eval", "opencompass"])
-def test_job_logs_subtask_and_group_scores_and_the_protocol(store, protocol):
-    subtasks = "task.tasks.bbh_zeroshot.subtasks=[boolean_expressions,date_understanding]"
-    metrics = run(compose_cfg(TINY_BBH + ["task=bbh_zeroshot", subtasks, f"task.protocol={protocol}",
-                                          "task.tasks.bbh_zeroshot.max_gen_toks=8"]))
-    names = ["bbh_zeroshot_boolean_expressions/exact_match", "bbh_zeroshot_date_understanding/exact_match",
-             "bbh_zeroshot/exact_match", "bbh_zeroshot/exact_match_stderr", "avg/score"]
+@pytest.mark.parametrize("suite, protocol", [("bbh_zeroshot", "lm_eval"), ("bbh_zeroshot", "opencompass"),
+                                             ("bbh_cot_fewshot", "opencompass")])
+def test_job_logs_subtask_and_group_scores_and_the_protocol(store, suite, protocol):
+    metrics = run(compose_cfg(TINY_BBH + [f"task={suite}", f"task.protocol={protocol}",
+                                          f"task.tasks.{suite}.subtasks=[boolean_expressions,date_understanding]",
+                                          f"task.tasks.{suite}.max_gen_toks=8"]))
+    names = [f"{suite}_boolean_expressions/exact_match", f"{suite}_date_understanding/exact_match",
+             f"{suite}/exact_match", f"{suite}/exact_match_stderr", "avg/score"]
     assert all(name in metrics for name in names)
-    assert metrics["avg/score"] == metrics["bbh_zeroshot/exact_match"]
-    assert ("bbh_zeroshot/exact_match_strict" in metrics) == (protocol == "lm_eval")
+    assert metrics["avg/score"] == metrics[f"{suite}/exact_match"]
+    assert (f"{suite}/exact_match_strict" in metrics) == (suite == "bbh_zeroshot" and protocol == "lm_eval")
     df = mlflow.search_runs(experiment_names=["prunebench"])
     assert df["tags.prunebench.protocol"].tolist() == [protocol]
 
