@@ -25,9 +25,9 @@ DOCUMENTS = [
     (["Answer: "], ["Paris", "London"]),
     (["A"], [" B"]),
     (["Question: Which?\nA. x\nB. y\nAnswer:"], [" A", " B"]),  # one-token continuations: no suffix pass
-    (["Sarah was a better surgeon than Maria so Sarah", "Sarah was a better surgeon than Maria so Maria"],
-     [" always got the easier cases."]),
-    (["Sarah got it", "Maria got it"], [" right."]),  # no shared prefix at all without BOS
+    (["Tom lent his umbrella to Ben because Tom", "Tom lent his umbrella to Ben because Ben"],
+     [" was going out in the rain."]),
+    (["Tom got it", "Ben got it"], [" right."]),  # no shared prefix at all without BOS
 ]
 
 
