@@ -11,7 +11,7 @@ HIS needs a loss; the model's own training objective is an in-batch contrastive 
 (text, positive) pairs (MultipleNegativesRankingLoss), used here on OpenBookQA (question, correct
 answer) pairs, a dataset disjoint from the evaluated ARC-Easy questions.
 
-    .venv/bin/python scripts/minilm_heads_sweep.py [--data ../shared/data] [--questions 500]
+    .venv/bin/python scripts/minilm_heads_sweep.py [--data ../shared/data] [--questions 500] [--normalize none]
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=32)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--normalize", choices=["layer", "none"], default="layer", help="HIS per-layer normalisation")
     args = parser.parse_args()
 
     loaded = load_minilm_l6(name="minilm-l6")
@@ -107,7 +108,8 @@ def main() -> None:
     dense = quality(model, tok, docs, dense_emb)
     print(f"dense: {dense}  ({sum(len(s) for s in stats['his'])} heads; {args.questions} ARC-Easy questions, "
           f"{args.pairs} OpenBookQA calibration pairs)")
-    pruners = {"heads_his": [(HISPruner("heads_his"), stats)], "hies": [(HIESPruner(alpha=0.5), stats)],
+    pruners = {"heads_his": [(HISPruner(normalize=args.normalize), stats)],
+               "hies": [(HIESPruner(alpha=0.5, normalize=args.normalize), stats)],
                "heads_random": [(RandomHeadPruner(seed=s), RandomHeadPruner(seed=s).score(loaded)) for s in args.seeds]}
     print("| pruner | heads removed | retrieval acc | fidelity (cos to dense) | params removed |")
     print("|---|---|---|---|---|")
@@ -123,7 +125,8 @@ def main() -> None:
                 results.append({**quality(pruned, tok, docs, dense_emb), "params": 1 - after / before})
             mean = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
             label = name if len(results) == 1 else f"{name} (mean of {len(results)} seeds)"
-            print(f"| {label} | {ratio:.0%} | {mean['retrieval_acc']:.3f} | {mean['fidelity']:.4f} | {mean['params']:.1%} |")
+            print(f"| {label} | {ratio:.0%} | {mean['retrieval_acc']:.3f} | {mean['fidelity']:.4f} "
+                  f"| {mean['params']:.1%} |")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.attention import attention_heads, head_gates, slot_plan
-from prunebench.pruners.heads import (HIESPruner, RandomHeadPruner, choose_pruned, head_statistics, min_max,
-                                      prune_heads)
+from prunebench.pruners.heads import (HIESPruner, HISPruner, RandomHeadPruner, choose_pruned, head_statistics,
+                                      min_max, prune_heads)
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.pruners.structured import model_loss, model_outputs
 
@@ -215,9 +215,18 @@ def test_hies_combines_normalised_his_and_entropy():
               "entropy": [torch.tensor([0.5, 0.9]), torch.tensor([0.7, 0.3])]}
     his, ent = min_max(scores["his"]), min_max(scores["entropy"])
     for alpha in (0.0, 0.3, 1.0):
-        got = HIESPruner(alpha=alpha).importance(scores)
+        got = HIESPruner(alpha=alpha, normalize="none").importance(scores)
         for g, h, e in zip(got, his, ent):
             torch.testing.assert_close(g, alpha * h + (1 - alpha) * (1 - e))
+
+
+def test_his_is_normalised_per_layer_so_a_quiet_layer_keeps_its_heads():
+    scores = {"his": [torch.tensor([0.01, 0.02]), torch.tensor([3.0, 4.0])]}
+    raw, layer = HISPruner(normalize="none"), HISPruner()
+    assert choose_pruned(raw.importance(scores), 0.5) == [{0, 1}, set()]
+    normalised = layer.importance(scores)
+    torch.testing.assert_close(normalised[1], torch.tensor([0.6, 0.8]))
+    assert choose_pruned(normalised, 0.5) == [{0}, {0}]
 
 
 class Windows:

@@ -33,7 +33,7 @@ def forward_flops(loaded: LoadedModel, tokens: int = 128) -> dict[str, float]:
     `tokens`, or of one image. Values depend on `tokens` through attention, which grows with it."""
     inputs, name, units = dummy_input(loaded, tokens)
     counter = FlopCounterMode(display=False)
-    with eager_attention(loaded.model, attention_heads(loaded.model)), FakeTensorMode(allow_non_fake_inputs=True) as fake:
-        with counter:
-            loaded.model(**{key: fake.from_tensor(value) for key, value in inputs.items()})
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with eager_attention(loaded.model, attention_heads(loaded.model)), fake, counter:
+        loaded.model(**{key: fake.from_tensor(value) for key, value in inputs.items()})
     return {name: counter.get_total_flops() / units}

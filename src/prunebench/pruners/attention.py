@@ -217,7 +217,7 @@ def heads_adapter(module: nn.Module) -> type[Heads] | None:
     if (inner is not None and all(linear(inner, p) for p in ("query", "key", "value"))
             and linear(getattr(module, "output", None), "dense") and not getattr(module, "is_cross_attention", False)):
         return BertHeads
-    if linear(module, "qkv") and linear(module, "proj") and hasattr(module, "num_heads") and hasattr(module, "attn_drop"):
+    if linear(module, "qkv") and linear(module, "proj") and all(hasattr(module, a) for a in ("num_heads", "attn_drop")):
         if not isinstance(getattr(module, "norm", nn.Identity()), nn.Identity):
             raise ValueError(f"{type(module).__name__} normalises across heads before its projection "
                              f"(scale_norm): removing a head would change the others, so it cannot be head-pruned")

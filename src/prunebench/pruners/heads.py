@@ -18,9 +18,11 @@ from prunebench.pruners.structured import StructuredPruner, calibration_batches,
 
 SCOPES = ("global", "layer")
 MODES = ("remove", "mask")
+NORMALIZE = ("layer", "none")
 
 
-def normalised_entropy(probs: torch.Tensor, query_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def normalised_entropy(probs: torch.Tensor, query_mask: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum over queries, number of queries) per head of each query's attention entropy divided by
     log n, n = the keys it attends to (probability > 0: masked keys are exactly 0 after softmax).
 
@@ -157,10 +159,26 @@ class CalibratedHeadPruner(HeadPruner):
 
 
 class HISPruner(CalibratedHeadPruner):
+    """`normalize: layer` divides each layer's HIS by the layer's L2 norm, as transformers'
+    bertology script (the port of Michel et al.'s code) does by default: raw gradient magnitudes
+    differ between layers, and ranked globally they can empty whole layers (on Gemma 3 270M at
+    50%, four of 18 layers lost every head). `none` ranks the raw values."""
+
     statistics = {"his": True, "entropy": False}
 
-    def importance(self, scores):
+    def __init__(self, name: str = "heads_his", normalize: str = "layer", **kwargs):
+        super().__init__(name, **kwargs)
+        if normalize not in NORMALIZE:
+            raise ValueError(f"pruner {name}: normalize={normalize!r}; valid: {NORMALIZE}")
+        self.normalize = normalize
+
+    def his(self, scores) -> list[torch.Tensor]:
+        if self.normalize == "layer":
+            return [s / s.norm().clamp_min(1e-20) for s in scores["his"]]
         return scores["his"]
+
+    def importance(self, scores):
+        return self.his(scores)
 
 
 class EntropyPruner(CalibratedHeadPruner):
@@ -172,7 +190,10 @@ class EntropyPruner(CalibratedHeadPruner):
         return [1 - s for s in min_max(scores["entropy"])]
 
 
-class HIESPruner(CalibratedHeadPruner):
+class HIESPruner(HISPruner):
+    """alpha * HIS_norm + (1 - alpha) * (1 - AE_norm), HIS as `heads_his` computes it (including
+    its `normalize`), both then min-max normalised over all heads."""
+
     statistics = {"his": True, "entropy": True}
 
     def __init__(self, name: str = "hies", alpha: float = 0.5, **kwargs):
@@ -182,7 +203,7 @@ class HIESPruner(CalibratedHeadPruner):
         self.alpha = alpha
 
     def importance(self, scores):
-        his, ent = min_max(scores["his"]), min_max(scores["entropy"])
+        his, ent = min_max(self.his(scores)), min_max(scores["entropy"])
         return [self.alpha * h + (1 - self.alpha) * (1 - e) for h, e in zip(his, ent)]
 
 

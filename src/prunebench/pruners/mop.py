@@ -25,7 +25,7 @@ from prunebench.pruners.attention import attention_heads
 from prunebench.pruners.base import transformer_blocks
 from prunebench.pruners.layers import remove_layers
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, count_params, model_loss
-from prunebench.pruners.width import amp_scores, kept, mlp_modules, prune_width, width_of
+from prunebench.pruners.width import IN_PROJS, amp_scores, kept, mlp_modules, prune_width, width_of
 
 SELECTORS = ("random", "perplexity")
 
@@ -46,8 +46,11 @@ def width_sizes(model: torch.nn.Module, grouped: bool) -> list[tuple[int, float,
     sizes = []
     for h, mlp in zip(attention_heads(model), mlp_modules(model)):
         hidden, d = h.out_proj.out_features, h.head_dim
-        units, per_unit = (h.n_heads // h.n_kv_heads, h.n_kv_heads * 2 * d * hidden) if grouped else (h.n_heads, 4 * d * hidden)
-        projections = sum(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+        if grouped:
+            units, per_unit = h.n_heads // h.n_kv_heads, h.n_kv_heads * 2 * d * hidden
+        else:
+            units, per_unit = h.n_heads, 4 * d * hidden
+        projections = sum(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in (*IN_PROJS, "down_proj"))
         sizes.append((units, per_unit, mlp.down_proj.in_features, projections * hidden))
     return sizes
 
@@ -87,7 +90,8 @@ class MoPPruner(StructuredPruner):
             blocks = transformer_blocks(loaded.model)[1]
             sizes = width_sizes(loaded.model, grouped)
             goal = now - min(step, now - target)
-            width = next((f for f in thresholds if f > fraction and now - width_removal(sizes, original, f) <= goal), None)
+            width = next((f for f in thresholds
+                          if f > fraction and now - width_removal(sizes, original, f) <= goal), None)
             options = [c for c, ok in (("L", len(blocks) > 2 and count_params(blocks[-3]) <= now - target),
                                        ("G", width is not None)) if ok]
             if not options:
@@ -97,7 +101,8 @@ class MoPPruner(StructuredPruner):
                 choice = drawn if drawn in options else options[0]
                 self.step(loaded.model, choice, original, grouped, width, batches)
             else:
-                trials = {c: self.step(copy.deepcopy(loaded.model), c, original, grouped, width, batches) for c in options}
+                trials = {c: self.step(copy.deepcopy(loaded.model), c, original, grouped, width, batches)
+                          for c in options}
                 choice = min(trials, key=lambda c: perplexity(trials[c], batches))
                 loaded.model = trials[choice]
             fraction = width if choice == "G" else fraction

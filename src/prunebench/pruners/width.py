@@ -59,7 +59,8 @@ def amp_scores(model: nn.Module, batches: list[dict]) -> dict[str, list[torch.Te
     tokens = 0.0
     with ExitStack() as stack:
         for layer, h in enumerate(heads):
-            hook = h.out_proj.register_forward_pre_hook(lambda mod, args, layer=layer, h=h: heads_hook(layer, h, mod, args))
+            hook = h.out_proj.register_forward_pre_hook(
+                lambda mod, args, layer=layer, h=h: heads_hook(layer, h, mod, args))
             stack.callback(hook.remove)
         for layer, m in enumerate(mlps):
             hook = m.down_proj.register_forward_pre_hook(lambda mod, args, layer=layer: neurons_hook(layer, mod, args))
@@ -88,7 +89,8 @@ def prune_width(model: nn.Module, scores: dict[str, list[torch.Tensor]], heads_k
     `grouped`) and the `neurons_kept` highest-scoring MLP neurons."""
     heads, mlps = attention_heads(model), mlp_modules(model)
     if len(heads) != len(mlps):
-        raise ValueError(f"{len(heads)} attention modules but {len(mlps)} MLPs: width pruning needs one of each per layer")
+        raise ValueError(f"{len(heads)} attention modules but {len(mlps)} MLPs: "
+                         f"width pruning needs one of each per layer")
     for h, score in zip(heads, scores["heads"]):
         size = h.n_heads // h.n_kv_heads if grouped else h.n_heads
         pruned = set()
@@ -129,4 +131,5 @@ class WidthPruner(StructuredPruner):
         heads_before = sum(h.n_heads for h in attention_heads(loaded.model))
         prune_width(loaded.model, scores, kept(unit, sparsity), kept(neurons, sparsity), grouped)
         heads_after = sum(h.n_heads for h in attention_heads(loaded.model))
-        return {"sparsity/actual": 1 - kept(neurons, sparsity) / neurons, "sparsity/heads": 1 - heads_after / heads_before}
+        return {"sparsity/actual": 1 - kept(neurons, sparsity) / neurons,
+                "sparsity/heads": 1 - heads_after / heads_before}
