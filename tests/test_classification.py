@@ -14,11 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_cfg
+from omegaconf import OmegaConf
+
+from conftest import TINY_MC, compose_cfg
 from prunebench import job
+from prunebench.evaluation import module as mc_module
 from prunebench.evaluation.classification import ClassificationModule
+from prunebench.evaluation.datamodule import EncodedDoc
 from prunebench.models.cache import get_model
 from prunebench.tasks.glue import LAYOUTS, GlueSource
+from prunebench.tasks.multiple_choice import Instance
 from prunebench.validate import ConfigError, validate
 
 WORDS = "good bad fine awful great terrible movie plot acting the a was is \"odd".split()
@@ -236,6 +241,123 @@ def test_prompted_glue_for_causal_lms(glue_dir):
     assert mnli.continuations == [" True", " Neither", " False"] and mnli.gold == doc["label"]
     qnli = tasks["qnli_mc"].instances(1)[0]
     assert qnli.continuations == [" yes", " no"]
+
+
+GLUE_MC_PRIMARY = {"sst2_mc": "acc", "cola_mc": "mcc", "mrpc_mc": "f1", "qqp_mc": "acc", "qnli_mc": "acc",
+                   "mnli_mc": "acc", "mnli_mismatch_mc": "acc", "rte_mc": "acc"}
+
+
+def test_prompted_glue_metrics_follow_lm_eval_and_the_glue_average(glue_dir):
+    tasks = validate(compose_cfg(["model=tiny-llama", "task=glue_mc", f"data_dir={glue_dir}", "sparsity=0"]))
+    assert {name: t.primary for name, t in tasks.items()} == GLUE_MC_PRIMARY
+    assert {name: t.metrics for name, t in tasks.items() if t.metrics != ["acc"]} == {
+        "cola_mc": ["mcc", "acc"], "mrpc_mc": ["acc", "f1"], "qqp_mc": ["acc", "f1"]}
+    for name in GLUE_MC_PRIMARY:  # each member is also a task option of its own
+        assert list(validate(compose_cfg(["model=tiny-llama", f"task={name}", f"data_dir={glue_dir}",
+                                          "sparsity=0"]))) == [name]
+
+
+def fixed_loglik_module(monkeypatch, lls: list[list[float]], golds: list[int], metrics: list[str]):
+    """A MultipleChoiceModule fed documents whose log-likelihoods are given, in batches of 16."""
+    monkeypatch.setattr(mc_module, "score_documents",
+                        lambda model, batch: [[(ll, False) for ll in lls[d.instance.doc_id]] for d in batch])
+    k = len(lls[0])
+    module = mc_module.MultipleChoiceModule(torch.nn.Identity(), "t", metrics, k)
+    docs = [EncodedDoc(Instance(i, ["ctx"] * k, [f" c{j}" for j in range(k)], g, [2] * k), [], [], [])
+            for i, g in enumerate(golds)]
+    for start in range(0, len(docs), 16):
+        module.test_step(docs[start:start + 16], 0)
+    return module
+
+
+def first_argmax(values):
+    return int(np.argmax(values))  # numpy's rule: the first index wins ties, as lm-eval
+
+
+def loglik_case(seed: int, n: int, k: int):
+    rng = random.Random(seed)
+    golds = [rng.randrange(k) for _ in range(n)]
+    # rounded so ties occur: the first index must win them
+    lls = [[round(rng.gauss(0, 1) + (j == g) * 0.7, 1) for j in range(k)] for g in golds]
+    return lls, golds
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_multiple_choice_mcc_and_f1_match_direct_formulas(monkeypatch, k):
+    lls, golds = loglik_case(k, 70, k)
+    metrics = ["acc", "mcc", "f1"] if k == 2 else ["acc", "mcc"]
+    module = fixed_loglik_module(monkeypatch, lls, golds, metrics)
+    preds = [first_argmax(ll) for ll in lls]
+    assert any(len(set(ll)) < k and max(ll) == ll[p] for ll, p in zip(lls, preds))  # a tie was broken
+    assert [r["pred"] for r in module.records] == preds
+    assert module.metrics["mcc"].compute().item() == pytest.approx(sklearn_mcc(golds, preds, k), abs=1e-6)
+    assert module.metrics["acc"].compute().item() == pytest.approx(np.mean(np.equal(golds, preds)))
+    if k == 2:
+        assert module.metrics["f1"].compute().item() == pytest.approx(sklearn_f1(golds, preds), abs=1e-6)
+    for name in metrics[1:]:  # bootstrap: deterministic, and of the size a 70-document estimate has
+        assert 0.02 < module.stderr(name) < 0.3 and module.stderr(name) == module.stderr(name)
+        assert "mcc" not in module.records[0] and "f1" not in module.records[0]
+
+
+def test_mcc_of_a_constant_prediction_is_zero_as_sklearn(monkeypatch):
+    """A collapsed model answering "yes" everywhere: sklearn (lm-eval, GLUE) says MCC 0; torchmetrics'
+    own two-class reduction would say 0.36 here."""
+    golds = [0, 1, 1, 1, 0, 1, 1]
+    module = fixed_loglik_module(monkeypatch, [[-2.0, -1.0]] * len(golds), golds, ["mcc", "f1"])
+    assert module.metrics["mcc"].compute().item() == 0.0 == sklearn_mcc(golds, [1] * 7, 2)
+    assert module.metrics["f1"].compute().item() == pytest.approx(sklearn_f1(golds, [1] * 7))
+    classifier = ClassificationModule(torch.nn.Identity(), "t", ["mcc"], 2)
+    classifier.test_step({"pixel_values": torch.tensor([[0.0, 1.0]] * 7), "labels": torch.tensor(golds)}, 0)
+    assert classifier.metrics["mcc"].compute().item() == 0.0
+
+
+@pytest.mark.lm_eval
+def test_multiple_choice_mcc_and_f1_equal_lm_evals_metric_functions(monkeypatch):
+    metrics = pytest.importorskip("lm_eval.api.metrics")
+    for seed in range(4):
+        lls, golds = loglik_case(seed, 50, 2)
+        module = fixed_loglik_module(monkeypatch, lls, golds, ["mcc", "f1"])
+        items = [(r["gold"], r["pred"]) for r in module.records]  # lm-eval's (gold, pred) per document
+        assert module.metrics["mcc"].compute().item() == pytest.approx(metrics.matthews_corrcoef(items), abs=1e-6)
+        assert module.metrics["f1"].compute().item() == pytest.approx(metrics.f1_score(items), abs=1e-6)
+    items = [(g, 1) for g in golds]
+    module = fixed_loglik_module(monkeypatch, [[-2.0, -1.0]] * len(golds), golds, ["mcc"])
+    assert module.metrics["mcc"].compute().item() == metrics.matthews_corrcoef(items) == 0.0
+
+
+def test_prompted_glue_job_logs_mcc_f1_and_the_glue_convention_average(glue_dir, store):
+    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+tasks@task.tasks.mrpc_mc=mrpc_mc",
+                       "+tasks@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
+    for task in ("cola_mc", "mrpc_mc", "qqp_mc"):
+        records = predictions(task)
+        assert len(records) == 24
+        gold, pred = [r["gold"] for r in records], [r["pred"] for r in records]
+        assert pred == [first_argmax(r["loglikelihoods"]) for r in records]
+        assert metrics[f"{task}/acc"] == pytest.approx(np.mean(np.equal(gold, pred)))
+        if task == "cola_mc":
+            assert metrics["cola_mc/mcc"] == pytest.approx(sklearn_mcc(gold, pred, 2), abs=1e-6)
+        else:
+            assert metrics[f"{task}/f1"] == pytest.approx(sklearn_f1(gold, pred), abs=1e-6)
+    assert all(math.isfinite(metrics[f"{t}/{m}_stderr"]) for t, m in [("cola_mc", "mcc"), ("mrpc_mc", "f1"),
+                                                                     ("qqp_mc", "f1"), ("qqp_mc", "acc")])
+    assert metrics["avg/score"] == pytest.approx((metrics["cola_mc/mcc"] + metrics["mrpc_mc/f1"]
+                                                  + metrics["qqp_mc/acc"]) / 3)
+
+
+def test_corpus_metrics_refuse_documents_they_cannot_score(tmp_path):
+    loaded = get_model(compose_cfg(["model=tiny-llama"]).model)
+    options = OmegaConf.create({"batch_tokens": 512, "add_bos": None})
+    three_choices = validate(compose_cfg([*TINY_MC, "task.tasks.local_mc.metrics=[acc,f1]",
+                                         "task.tasks.local_mc.primary=acc", "sparsity=0"]))
+    with pytest.raises(ValueError, match=r"f1 is binary.*\(0, 3\)"):
+        three_choices["local_mc"].evaluation(loaded, None, options)
+    path = tmp_path / "bad_gold.jsonl"
+    path.write_text(json.dumps({"question": "q?", "choices": ["a", "b"], "label": 5}) + "\n")
+    bad_gold = validate(compose_cfg([*TINY_MC, f"task.tasks.local_mc.source.path={path}",
+                                     "task.tasks.local_mc.metrics=[mcc]", "task.tasks.local_mc.primary=mcc",
+                                     "sparsity=0"]))
+    with pytest.raises(ValueError, match=r"gold among its choices; documents \[0\]"):
+        bad_gold["local_mc"].evaluation(loaded, None, options)
 
 
 def test_classifier_task_refuses_a_causal_lm_before_loading(glue_dir):

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from conftest import MC_FIXTURE
+from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 BASE = ["model=tiny-llama", "task=local_mc", "trainer.enable_progress_bar=false"]
 
@@ -103,3 +104,22 @@ def test_report_figures_have_one_panel_per_task_and_one_line_per_pruner():
     assert list(fig.axes[0].lines[0].get_xdata()) == [0.0, 0.3, 0.5]  # each line starts at the dense point
     assert plots.pareto_front([(1.0, 0.7), (0.8, 0.6), (0.6, 0.45), (0.9, 0.65), (0.7, 0.55), (0.95, 0.5)]) == [
         (0.6, 0.45), (0.7, 0.55), (0.8, 0.6), (0.9, 0.65), (1.0, 0.7)]
+
+
+def test_sweep_report_averages_a_suite_evaluated_task_by_task(store, glue_dir):
+    """The suites are composed inside the running Hydra app, at the sweep's end."""
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llama", "task=sst2_mc,rte_mc",
+                           f"data_dir={glue_dir}", "pruner=none", "limit=8", "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = all_runs(store)
+    parent = runs[runs["tags.prunebench.sweep"] == "true"].iloc[0]
+    report = Path(parent["tags.hydra.sweep_dir"]) / "report"
+    assert "## glue_mc: averaged across single-task runs" in (report / "results.md").read_text()
+    arts = {a.path for a in mlflow.MlflowClient(store).list_artifacts(parent.run_id, "report")}
+    assert "report/suite_glue_mc.csv" in arts
+    children = runs[runs["tags.prunebench.sweep"].isna()]
+    summary = (report / "suite_glue_mc.csv").read_text().splitlines()
+    assert summary[0].startswith("model,pruner,sparsity,sst2_mc/acc,rte_mc/acc,avg/score")
+    assert len(summary) == 2 and ",2/8,True," in summary[1]
+    assert float(summary[1].split(",")[5]) == pytest.approx(children["metrics.avg/score"].mean())

@@ -38,7 +38,7 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             "prunebench.pruner": "none" if dense else cfg.pruner.name,
             "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
             "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
-            # whose prompts and scoring (lm_eval, opencompass), for suites that offer a choice
+            # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
             **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {})}
 
 
@@ -102,7 +102,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
         key_data = {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
                     "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calib else None}
         scores, hit = cached_scores(pruner, loaded, calib, key_data)
-        mlflow.set_tag("prunebench.score_cache", "hit" if hit else "miss")
+        mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
     metrics["time/score_s"] = time.perf_counter() - start
     start = time.perf_counter()
     stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))

@@ -13,12 +13,29 @@ from torch.utils.data import DataLoader
 
 from prunebench.pruners.structured import model_outputs
 
+
+class MatthewsCorrCoef(torchmetrics.classification.MulticlassMatthewsCorrCoef):
+    """sklearn's matthews_corrcoef (what lm-eval and GLUE report): 0 whenever the predictions or the
+    labels are all one class. torchmetrics' two-class reduction returns +-1 or an epsilon-smoothed
+    ratio there instead (a constant "yes" on a CoLA-like split scores 0.36, not 0), which would credit
+    exactly the collapsed models that heavy pruning produces."""
+
+    def compute(self) -> torch.Tensor:
+        confmat = self.confmat.double()
+        true, pred = confmat.sum(1), confmat.sum(0)
+        correct, total = confmat.trace(), confmat.sum()
+        denom = (total**2 - pred @ pred) * (total**2 - true @ true)
+        if denom <= 0:
+            return torch.zeros((), device=confmat.device)
+        return ((correct * total - true @ pred) / denom.sqrt()).float()
+
+
 # name -> (torchmetrics factory given the number of classes, whether it takes logits (else class ids))
 METRICS: dict[str, tuple[Callable[[int], torchmetrics.Metric], bool]] = {
     "acc": (lambda n: torchmetrics.classification.MulticlassAccuracy(n, average="micro"), True),
     "top1": (lambda n: torchmetrics.classification.MulticlassAccuracy(n, top_k=1, average="micro"), True),
     "top5": (lambda n: torchmetrics.classification.MulticlassAccuracy(n, top_k=min(5, n), average="micro"), True),
-    "mcc": (lambda n: torchmetrics.MatthewsCorrCoef(task="multiclass", num_classes=n), False),
+    "mcc": (lambda n: MatthewsCorrCoef(n), False),
     "f1": (lambda n: torchmetrics.classification.BinaryF1Score(), False),  # positive class 1, as sklearn/lm-eval
 }
 REGRESSION_METRICS: dict[str, tuple[Callable[[int], torchmetrics.Metric], bool]] = {
@@ -66,8 +83,7 @@ class ClassificationModule(L.LightningModule):
             self.records.append({"doc_id": start + i, "gold": gold, "pred": pred})
 
     def stderr(self, name: str) -> float:
-        """Accuracies: lm-eval's mean_stderr over per-example hits. Corpus-level metrics: the standard
-        deviation of the metric over bootstrap resamples of the examples (as lm-eval, fewer draws)."""
+        """Accuracies: lm-eval's mean_stderr over per-example hits; corpus-level metrics: bootstrap."""
         golds, outputs = torch.cat(self.golds), torch.cat(self.outputs)
         n = len(golds)
         if n < 2:
@@ -76,12 +92,22 @@ class ClassificationModule(L.LightningModule):
             hits = (outputs.topk(min(PER_EXAMPLE[name], outputs.shape[-1]), -1).indices == golds[:, None]).any(-1)
             p = hits.float().mean().item()
             return math.sqrt(p * (1 - p) * n / (n - 1) / n)
-        metric = self.metrics[name].clone().cpu()
-        outputs = outputs if self.takes_logits[name] else outputs.argmax(-1)
-        generator = torch.Generator().manual_seed(1234)
-        values = []
-        for _ in range(BOOTSTRAP_ITERS):
-            index = torch.randint(0, n, (n,), generator=generator)
-            metric.reset()
-            values.append(float(metric(outputs[index], golds[index])))
-        return float(torch.tensor(values).nan_to_num().std())
+        return bootstrap_stderr(self.metrics[name], outputs if self.takes_logits[name] else outputs.argmax(-1), golds)
+
+
+def bootstrap_stderr(metric: torchmetrics.Metric, preds: torch.Tensor, target: torch.Tensor) -> float:
+    """A corpus-level metric (MCC, F1, a correlation) has no per-example values to take a standard
+    error of: lm-eval reports the standard deviation of the metric over bootstrap resamples of the
+    examples, as here (fewer draws, and a fixed seed so a rerun logs the same number)."""
+    n = len(target)
+    if n < 2:
+        return float("nan")
+    metric = metric.clone().cpu()
+    preds, target = preds.cpu(), target.cpu()
+    generator = torch.Generator().manual_seed(1234)
+    values = []
+    for _ in range(BOOTSTRAP_ITERS):
+        index = torch.randint(0, n, (n,), generator=generator)
+        metric.reset()
+        values.append(float(metric(preds[index], target[index])))
+    return float(torch.tensor(values).nan_to_num().std())

@@ -41,10 +41,10 @@ def results_table(runs: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     table = pd.DataFrame(rows, columns=ID_COLUMNS + task_cols + TRAILING)
     table = table.dropna(axis=1, how="all")
-    return table.sort_values(["model", "task", "pruner", "sparsity"], key=_dense_first).reset_index(drop=True)
+    return table.sort_values(["model", "task", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
 
 
-def _dense_first(col: pd.Series) -> pd.Series:
+def dense_first(col: pd.Series) -> pd.Series:
     return col.map(lambda v: "" if v == "none" else v) if col.name == "pruner" else col
 
 

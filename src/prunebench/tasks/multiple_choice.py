@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
 
-METRICS = ("acc", "acc_norm")
+PER_DOC_METRICS = ("acc", "acc_norm")  # means over documents of a per-document hit
+# over all documents at once, the chosen index as a class (lm-eval's GLUE: cola mcc, mrpc/qqp f1)
+CORPUS_METRICS = ("mcc", "f1")
+METRICS = PER_DOC_METRICS + CORPUS_METRICS
 
 
 @dataclass
@@ -52,7 +55,28 @@ class MultipleChoiceTask:
 
         data = MultipleChoiceDataModule(self, loaded.tokenizer, loaded.max_length, limit=limit,
                                         batch_tokens=options.batch_tokens, add_bos=options.add_bos)
-        return data, MultipleChoiceModule(loaded.model, self.name, self.metrics)
+        data.setup("test")
+        num_choices = self.corpus_classes([doc.instance for batch in data.batches for doc in batch])
+        return data, MultipleChoiceModule(loaded.model, self.name, self.metrics, num_choices)
+
+    def corpus_classes(self, instances: list[Instance]) -> int:
+        """The number of classes MCC / F1 see (the most choices of any document), refusing documents
+        they cannot score before any model time is spent: a gold outside the choices (lm-eval scores
+        it -100, which has no class), or F1, a two-class metric, on documents with other than two."""
+        num_choices = max((len(i.continuations) for i in instances), default=2)
+        corpus = [m for m in self.metrics if m in CORPUS_METRICS]
+        if not corpus:
+            return num_choices
+        bad_gold = [i.doc_id for i in instances if not 0 <= i.gold < len(i.continuations)]
+        if bad_gold:
+            raise ValueError(f"task {self.name}: {corpus} need each document's gold among its choices; documents "
+                             f"{bad_gold[:5]} have none (of {len(bad_gold)}); fix doc_to_target or drop {corpus}")
+        if "f1" in corpus:
+            other = [(i.doc_id, len(i.continuations)) for i in instances if len(i.continuations) != 2]
+            if other:
+                raise ValueError(f"task {self.name}: f1 is binary (choice 1 is the positive class) but documents "
+                                 f"(doc_id, choices) {other[:5]} do not have exactly two choices")
+        return num_choices
 
     def check(self) -> None:
         self.source.check()
