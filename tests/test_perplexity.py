@@ -96,7 +96,6 @@ def test_sweep_logs_ppl_and_stability_and_scores_once_for_all_ratios(store, tmp_
             100 * dense["metrics.wikitext2_ppl/ppl"] / metrics["wikitext2_ppl/ppl"])
     pruned = df[df["tags.prunebench.pruner"] == "wanda"]
     assert list(pruned["tags.prunebench.score_cache"]) == ["miss", "hit"]
-    assert second["time/score_s"] < first["time/score_s"]
     assert second["sparsity/actual"] == pytest.approx(0.6, abs=0.01)
 
 
