@@ -57,6 +57,17 @@ def test_finished_run_key_is_skipped_and_dense_keys_coincide(store):
     assert len(runs(store)) == 1
 
 
+def test_run_key_holds_only_the_protocol_that_runs():
+    from prunebench.tracking.run_key import run_key
+
+    base = ["task=piqa"]
+    other = "task.protocols.opencompass.piqa.name=changed"
+    assert run_key(compose_cfg(base)) == run_key(compose_cfg(base + [other]))
+    opencompass = base + ["task.protocol=opencompass"]
+    assert run_key(compose_cfg(opencompass)) != run_key(compose_cfg(opencompass + [other]))
+    assert run_key(compose_cfg(opencompass)) != run_key(compose_cfg(base))
+
+
 def test_bad_config_fails_before_any_run_is_created(store):
     with pytest.raises(ConfigError):
         run(compose_cfg(TINY_MC + ["sparsity=1.5"]))

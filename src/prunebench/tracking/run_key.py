@@ -24,6 +24,11 @@ def identity(cfg: DictConfig) -> dict:
         data.pop(key, None)
     data.get("model", {}).pop("device", None)
     data.get("eval", {}).pop("batch_tokens", None)
+    task = data.get("task", {})
+    # only the protocol that runs decides the numbers: OpenCompass's versions leave lm-eval runs alone
+    offered = task.pop("protocols", None) or {}
+    if task.get("protocol") in offered:
+        task["protocols"] = {task["protocol"]: offered[task["protocol"]]}
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0
