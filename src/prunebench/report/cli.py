@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: {err}", file=sys.stderr)
         return 1
     print((out / "results.md").read_text(), end="")
-    print(f"\n(written to {out}/: results.md, results.csv, suite_<suite>.csv per suite average, plots)")
+    print(f"\n(written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
     if sweep:
         mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")
     return 0
