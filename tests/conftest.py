@@ -6,6 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from prunebench.cli import CONF_DIR
+from prunebench.pruners.unstructured import one_cpu_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -17,6 +18,13 @@ TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.pat
 def compose_cfg(overrides: list[str] = ()):
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls only lose to thread hand-offs, badly so on a shared 2-core machine."""
+    with one_cpu_thread():
+        yield
 
 
 @pytest.fixture

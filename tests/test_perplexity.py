@@ -25,12 +25,7 @@ ARTICLE = (" = Valkyria Chronicles III = \n Senjō no Valkyria 3 : Unrecorded Ch
            "playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Article(TextCorpus):

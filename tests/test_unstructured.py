@@ -31,13 +31,7 @@ class Chars(TextCorpus):
         return {"chars"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls only lose to thread hand-offs, badly so on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def calib(seed=0, n_samples=8, seq_len=32):

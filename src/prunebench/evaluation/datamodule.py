@@ -14,7 +14,7 @@ from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
 
 @dataclass
 class EncodedDoc:
-    instance: Instance
+    instance: Instance  # or any document with `doc_id` and `gold` (OpenCompass's PPLInstance)
     inputs: list[list[int]]
     cont_lens: list[int]
     conts: list[list[int]]
@@ -24,6 +24,18 @@ class EncodedDoc:
         """Positions the scorer runs for this document: the shared prefix once, then each choice's rest."""
         shared = common_prefix_len(self.inputs)
         return shared + len(self.inputs) * (max(len(x) for x in self.inputs) - shared)
+
+
+def pack(items: list, cost, budget: int) -> list[list]:
+    """Consecutive `items` (sorted costliest first) into batches whose rows x the first row's
+    `cost` stays within `budget` positions; a row over budget alone still gets its own batch."""
+    batches: list[list] = []
+    for item in items:
+        if batches and (len(batches[-1]) + 1) * cost(batches[-1][0]) <= budget:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
 
 
 class MultipleChoiceDataModule(L.LightningDataModule):
@@ -52,14 +64,7 @@ class MultipleChoiceDataModule(L.LightningDataModule):
         if self.batches:
             return
         docs = sorted((self.encode(i) for i in self.task.instances(self.limit)), key=lambda d: -d.tokens)
-        batch: list[EncodedDoc] = []
-        for doc in docs:
-            if batch and (len(batch) + 1) * batch[0].tokens > self.batch_tokens:
-                self.batches.append(batch)
-                batch = []
-            batch.append(doc)
-        if batch:
-            self.batches.append(batch)
+        self.batches = pack(docs, lambda d: d.tokens, self.batch_tokens)
 
     @property
     def n_docs(self) -> int:

@@ -10,6 +10,7 @@ import torch
 import torchmetrics
 from torch.utils.data import DataLoader
 
+from prunebench.evaluation.datamodule import pack
 from prunebench.evaluation.encoding import encode
 from prunebench.evaluation.generate import Generator
 from prunebench.tasks.generation import GenerateUntilTask, Request, TaskGroup, mean_stderr
@@ -43,14 +44,7 @@ class GenerationDataModule(L.LightningDataModule):
         encoded = [EncodedRequest(r, encode(self.tokenizer, r.prompt, self.add_bos)[-room:])
                    for task in self.tasks for r in task.requests(self.limit)]
         encoded.sort(key=lambda e: (-len(e.tokens), e.request.prompt))
-        batch: list[EncodedRequest] = []
-        for item in encoded:
-            if batch and (len(batch) + 1) * (len(batch[0].tokens) + self.max_gen_toks) > self.batch_tokens:
-                self.batches.append(batch)
-                batch = []
-            batch.append(item)
-        if batch:
-            self.batches.append(batch)
+        self.batches = pack(encoded, lambda e: len(e.tokens) + self.max_gen_toks, self.batch_tokens)
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)

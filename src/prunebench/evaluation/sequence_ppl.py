@@ -12,68 +12,29 @@ The options of a document share the question's tokens: loglik.score_documents ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import lightning as L
 import torch
 import torchmetrics
-from torch.utils.data import DataLoader
 
+from prunebench.evaluation.datamodule import EncodedDoc, MultipleChoiceDataModule
 from prunebench.evaluation.encoding import encode
-from prunebench.evaluation.loglik import common_prefix_len, score_documents
+from prunebench.evaluation.loglik import score_documents
 from prunebench.tasks.generation import mean_stderr
-from prunebench.tasks.opencompass import PPLChoiceTask, PPLInstance
+from prunebench.tasks.opencompass import PPLInstance
 
 
-@dataclass
-class EncodedOptions:
-    """score_documents' request shape: every token after the first is a scored continuation token."""
+class SequencePPLDataModule(MultipleChoiceDataModule):
+    """The multiple-choice batching with OpenCompass's encoding: each option's whole text is one
+    request in score_documents' shape (every token after the first a scored continuation token);
+    texts longer than the model are cut from the left, as OpenCompass's tokenizer truncates."""
 
-    instance: PPLInstance
-    inputs: list[list[int]]
-    cont_lens: list[int]
-    conts: list[list[int]]
-
-    @property
-    def tokens(self) -> int:
-        shared = common_prefix_len(self.inputs)
-        return shared + len(self.inputs) * (max(len(x) for x in self.inputs) - shared)
-
-
-class SequencePPLDataModule(L.LightningDataModule):
-    """Whole documents per batch, longest first, within `batch_tokens` positions; texts longer than
-    the model are cut from the left, as OpenCompass's tokenizer truncates."""
-
-    def __init__(self, task: PPLChoiceTask, tokenizer, max_length: int, limit: int | None = None,
-                 batch_tokens: int = 8192, add_bos: bool | None = None):
-        super().__init__()
-        self.task, self.tokenizer, self.max_length = task, tokenizer, max_length
-        self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
-        self.batches: list[list[EncodedOptions]] = []
-
-    def encode(self, inst: PPLInstance) -> EncodedOptions:
+    def encode(self, inst: PPLInstance) -> EncodedDoc:
         full = [encode(self.tokenizer, text, self.add_bos)[-self.max_length:] for text in inst.texts]
         if any(len(ids) < 2 for ids in full):
             raise ValueError(f"task {self.task.name}, document {inst.doc_id}: an option text has fewer than 2 "
                              f"tokens, nothing to score")
-        return EncodedOptions(inst, [ids[:-1] for ids in full], [len(ids) - 1 for ids in full],
-                              [ids[1:] for ids in full])
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.batches:
-            return
-        docs = sorted((self.encode(i) for i in self.task.instances(self.limit)), key=lambda d: -d.tokens)
-        batch: list[EncodedOptions] = []
-        for doc in docs:
-            if batch and (len(batch) + 1) * batch[0].tokens > self.batch_tokens:
-                self.batches.append(batch)
-                batch = []
-            batch.append(doc)
-        if batch:
-            self.batches.append(batch)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
+        return EncodedDoc(inst, [ids[:-1] for ids in full], [len(ids) - 1 for ids in full],
+                          [ids[1:] for ids in full])
 
 
 def mean_cross_entropy(loglik: float, scored_tokens: int) -> float:
@@ -89,7 +50,7 @@ class SequencePPLModule(L.LightningModule):
         self.acc = torchmetrics.MeanMetric()
         self.records: list[dict] = []
 
-    def test_step(self, batch: list[EncodedOptions], batch_idx: int) -> None:
+    def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
         for doc, scored in zip(batch, score_documents(self.model, batch)):
             ce = [mean_cross_entropy(ll, n) for (ll, _), n in zip(scored, doc.cont_lens)]
             pred = ce.index(min(ce))
