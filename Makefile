@@ -12,11 +12,11 @@ RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=big
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev,ref]' $(TORCH_PIN)
 	touch $@
 
 test: $(STAMP)

@@ -23,7 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from lightning import Trainer
 
-from prunebench.cli import CONF_DIR
+from prunebench.configs import CONF_DIR
 from prunebench.evaluation.lm_eval_reference import reference_samples, reference_tasks
 from prunebench.evaluation.module import first_argmax
 from prunebench.models.cache import get_model

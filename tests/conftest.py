@@ -3,9 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
-from prunebench.cli import CONF_DIR
+from prunebench.configs import CONF_DIR
 from prunebench.pruners.unstructured import one_cpu_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -13,6 +14,25 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MC_FIXTURE = FIXTURES / "mc_questions.jsonl"
 TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
            "trainer.enable_progress_bar=false"]
+
+
+def reordered(scale, depth: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """rtol/atol for two computations of one function that differ only in the order of their additions
+    (masked vs sliced heads, one batch vs one document, chunked vs whole): rounding in a sum of n terms
+    grows like sqrt(n) eps, 64 = sqrt(4096) covers the widest sum in these models, it compounds over
+    `depth` layers, and an absolute error follows the largest magnitude in the computation (`scale`, a
+    tensor or a number), so the bound holds whichever CPU kernels block the sums. A real bug (a wrong
+    head, position or mask) moves values by orders of magnitude more."""
+    scale = float(scale.detach().abs().max()) if isinstance(scale, torch.Tensor) else abs(float(scale))
+    rtol = 64 * torch.finfo(dtype).eps * depth
+    return {"rtol": rtol, "atol": rtol * max(scale, 1.0)}
+
+
+def close_to(expected, depth: int, dtype: torch.dtype = torch.float32):
+    """pytest.approx with `reordered`'s bound, scaled by the largest expected value (a number or a list)."""
+    values = expected if isinstance(expected, (list, tuple)) else [expected]
+    tol = reordered(max(abs(float(v)) for v in values), depth, dtype)
+    return pytest.approx(expected, rel=tol["rtol"], abs=tol["atol"])
 
 
 def compose_cfg(overrides: list[str] = ()):

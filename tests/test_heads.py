@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from conftest import reordered
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.attention import attention_heads, head_gates, slot_plan
 from prunebench.pruners.heads import (HIESPruner, HISPruner, RandomHeadPruner, choose_pruned, head_statistics,
@@ -114,6 +115,7 @@ def test_his_equals_finite_difference_of_the_loss_per_gate(case):
                 gate[h] = 1 - eps
                 down = float(loss_fn(model, batch))
                 gate[h] = 1
+                # float64: central differences err by O(eps^2) + 1e-16 / eps, far under rel 1e-5
                 assert his[layer][h] == pytest.approx(abs(up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
@@ -144,8 +146,9 @@ def test_entropy_equals_direct_computation_with_padding_excluded():
         attentions = model(**batch, output_attentions=True).attentions
     mask = batch["attention_mask"].tolist()
     counts = [[sum(row)] * len(row) for row in mask]
+    # the same softmax in another order (sdpa hooks vs eager attentions), 3 layers deep
     for got, want in zip(ours, direct_entropy(attentions, mask, counts)):
-        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want.float(), **reordered(want, depth=3))
 
 
 def test_entropy_of_a_causal_model_normalises_by_the_keys_each_query_sees():
@@ -156,8 +159,9 @@ def test_entropy_of_a_causal_model_normalises_by_the_keys_each_query_sees():
         attentions = model(**batch, output_attentions=True).attentions
     b, n = batch["input_ids"].shape
     mask, counts = [[1] * n] * b, [list(range(1, n + 1))] * b
+    # the same softmax in another order (sdpa hooks vs eager attentions), 3 layers deep
     for got, want in zip(ours, direct_entropy(attentions, mask, counts)):
-        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want.float(), **reordered(want, depth=3))
 
 
 PRUNED = [{0, 1, 2, 3}, {0}, {1, 3}]  # a whole layer, an uneven GQA group, one head per group
@@ -174,7 +178,8 @@ def test_masked_and_sliced_models_give_the_same_outputs(build):
     with torch.no_grad():
         want, got = model_outputs(masked, batch), model_outputs(sliced, batch)
     want, got = (x if isinstance(x, torch.Tensor) else x.logits for x in (want, got))
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # removing head columns only reorders o_proj's sums, 3 layers deep
+    torch.testing.assert_close(got, want, **reordered(want, depth=3))
     assert sum(p.numel() for p in sliced.parameters()) < sum(p.numel() for p in model.parameters())
     # the layer with every head pruned keeps one inert head; llama's uneven GQA group {0, 1} keeps
     # head 0 as an inert slot beside head 1; everything else keeps only its survivors
@@ -195,7 +200,9 @@ def test_sliced_model_saves_and_reloads_with_transformers(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     ids = text_batch(False)["input_ids"]
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+        want = model(ids).logits
+        # the same weights reloaded: only kernel choice can differ, 3 layers deep
+        torch.testing.assert_close(reloaded(ids).logits, want, **reordered(want, depth=3))
     assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in model.parameters())
 
 
@@ -217,7 +224,7 @@ def test_hies_combines_normalised_his_and_entropy():
     for alpha in (0.0, 0.3, 1.0):
         got = HIESPruner(alpha=alpha, normalize="none").importance(scores)
         for g, h, e in zip(got, his, ent):
-            torch.testing.assert_close(g, alpha * h + (1 - alpha) * (1 - e))
+            torch.testing.assert_close(g, alpha * h + (1 - alpha) * (1 - e))  # a few elementwise fp32 ops
 
 
 def test_his_is_normalised_per_layer_so_a_quiet_layer_keeps_its_heads():
@@ -225,7 +232,7 @@ def test_his_is_normalised_per_layer_so_a_quiet_layer_keeps_its_heads():
     raw, layer = HISPruner(normalize="none"), HISPruner()
     assert choose_pruned(raw.importance(scores), 0.5) == [{0, 1}, set()]
     normalised = layer.importance(scores)
-    torch.testing.assert_close(normalised[1], torch.tensor([0.6, 0.8]))
+    torch.testing.assert_close(normalised[1], torch.tensor([0.6, 0.8]))  # one fp32 division
     assert choose_pruned(normalised, 0.5) == [{0}, {0}]
 
 
@@ -246,7 +253,7 @@ def test_head_pruner_reports_heads_params_and_flops_and_scores_are_cached(tmp_pa
     assert (hit, hit_again) == (False, True)
     for name in ("his", "entropy"):
         for a, b in zip(scores[name], again[name]):
-            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, b)  # read back from safetensors: bitwise
     stats = pruner.apply(loaded, again, 0.5)
     assert stats["sparsity/actual"] == 0.5
     assert 0 < stats["sparsity/params"] < 0.5 and 0 < stats["sparsity/flops"] < 0.5

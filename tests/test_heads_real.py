@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 import torch
 
+from conftest import reordered
 from prunebench.pruners.attention import attention_heads
 from prunebench.pruners.heads import RandomHeadPruner, choose_pruned, prune_heads
 
@@ -35,7 +36,8 @@ def test_minilm_masked_equals_sliced():
     enc = loaded.tokenizer(["A man is playing a guitar.", "Heads can be removed."], padding=True, return_tensors="pt")
     with torch.no_grad():
         want, got = masked(**enc).last_hidden_state, sliced(**enc).last_hidden_state
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # removing head columns only reorders o_proj's sums, over MiniLM's 6 layers
+    torch.testing.assert_close(got, want, **reordered(want, depth=6))
     assert sum(h.n_heads for h in attention_heads(sliced)) == 36  # of 72: no inert slot in multi-head attention
 
 
@@ -48,9 +50,7 @@ def test_gemma3_270m_masked_equals_sliced():
     ids = loaded.tokenizer("The capital of France is Paris, and the capital of Italy is", return_tensors="pt").input_ids
     with torch.no_grad():
         want, got = masked.model(ids).last_hidden_state, sliced.model(ids).last_hidden_state
-    # fp32: summing fewer head columns in o_proj only reorders additions; over 18 layers of Gemma's
-    # large residual stream that reordering reaches ~5e-5 absolute (1.3e-5 relative) here, while the
-    # tiny-model tests in test_heads.py hold masked == sliced to 1e-5
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # removing head columns only reorders o_proj's sums, over Gemma's 18 layers and large residual stream
+    torch.testing.assert_close(got, want, **reordered(want, depth=18))
     # one key/value head per layer (MQA): only a layer whose four heads all go keeps an inert one
     assert sum(p.numel() for p in sliced.parameters()) < sum(p.numel() for p in loaded.model.parameters())

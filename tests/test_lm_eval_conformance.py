@@ -10,7 +10,7 @@ import pytest
 from lightning import Trainer
 from omegaconf import OmegaConf
 
-from conftest import FIXTURES, compose_cfg, shared_file
+from conftest import FIXTURES, close_to, compose_cfg, shared_file
 from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
@@ -77,7 +77,8 @@ def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos, max_length)
         ours = our_records(loaded, task, add_bos)
         assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]], name
         for mine, theirs in zip(ours, reference[name]):
-            assert mine["loglikelihoods"] == pytest.approx(theirs["loglikelihoods"], abs=1e-4), name
+            # lm-eval batches and pads differently: the same sums reordered, tiny-llama's 2 layers
+            assert mine["loglikelihoods"] == close_to(theirs["loglikelihoods"], depth=2), name
             for metric in task.metrics:
                 assert mine[metric] == theirs[metric], (name, metric, mine["doc_id"])
 
@@ -101,5 +102,6 @@ def test_dense_gemma_scores_like_lm_eval_on_the_shared_data(tmp_path):
         ours = our_records(loaded, task, limit=3)
         assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]] == [0, 1, 2], name
         for mine, theirs in zip(ours, reference[name]):
-            assert mine["loglikelihoods"] == pytest.approx(theirs["loglikelihoods"], abs=1e-3), name
+            # lm-eval batches and pads differently: the same sums reordered, Gemma's 18 layers
+            assert mine["loglikelihoods"] == close_to(theirs["loglikelihoods"], depth=18), name
             assert all(mine[m] == theirs[m] for m in task.metrics), name

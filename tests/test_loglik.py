@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from conftest import close_to
+
 from prunebench.evaluation.encoding import encode_pair, model_input
 from prunebench.evaluation.loglik import common_prefix_len, padded_runs, score_choices, score_documents
 from prunebench.models.tiny import load_tiny
@@ -61,7 +63,8 @@ def assert_equal_to_reference(model, docs: list[Doc], got):
     for doc, scores in zip(docs, got):
         want = [reference(model, s, n, c) for s, n, c in zip(doc.inputs, doc.cont_lens, doc.conts)]
         for (g_ll, g_greedy), (w_ll, w_greedy) in zip(scores, want):
-            assert g_ll == pytest.approx(w_ll, abs=1e-4)
+            # a shared-prefix KV cache and selected LM-head rows reorder the sums, 3 layers at most
+            assert g_ll == close_to(w_ll, depth=3)
             assert g_greedy == w_greedy
 
 
@@ -83,7 +86,7 @@ def test_batching_and_logit_chunks_do_not_change_scores():
     for doc, scores in zip(docs, together):
         alone = score_choices(loaded.model, doc.inputs, doc.cont_lens, doc.conts)
         for (a, ga), (b, gb) in zip(scores, alone):
-            assert a == pytest.approx(b, abs=1e-5) and ga == gb
+            assert a == close_to(b, depth=3) and ga == gb  # batched vs alone: reordered sums
 
 
 def test_common_prefix_len():

@@ -12,7 +12,7 @@ import torch
 from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
-from conftest import MC_FIXTURE, compose_cfg
+from conftest import MC_FIXTURE, compose_cfg, reordered
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.job import run
 from prunebench.pruners.routing import TopKRouting, TopPRouting, moe_routers
@@ -110,7 +110,9 @@ def test_top_p_matches_a_per_token_reference_and_telemetry_counts_match(name):
     pruner.apply(pruned, None, 0.5)
     pruner.start_task("t")
     out = logits(pruned, ids, mask)
-    torch.testing.assert_close(real_logits(out, mask), real_logits(expected, mask), rtol=1e-4, atol=1e-5)
+    want = real_logits(expected, mask)
+    # the same experts summed fused vs per token, 3 layers at most
+    torch.testing.assert_close(real_logits(out, mask), want, **reordered(want, depth=3))
 
     real = mask.reshape(-1).bool().tolist()
     metrics = pruner.task_metrics("t")
@@ -155,7 +157,7 @@ def test_renormalized_top_p_weights_sum_to_one_and_counts_reset_per_task():
     router.register_forward_hook(lambda m, args, out: seen.append(out[1].sum(-1)))
     pruner.start_task("a")
     logits(loaded, ids, mask)
-    torch.testing.assert_close(seen[0], torch.ones_like(seen[0]))
+    torch.testing.assert_close(seen[0], torch.ones_like(seen[0]))  # a sum of <= 8 fp32 weights
     pruner.start_task("b")
     logits(loaded, ids[:1], mask[:1])
     # task b counts its own tokens only

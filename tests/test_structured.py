@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from conftest import TINY_MC, compose_cfg
+from conftest import TINY_MC, close_to, compose_cfg, reordered
 from prunebench.bench.flops import forward_flops
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.attention import attention_heads
@@ -72,6 +72,7 @@ def test_removed_layers_run_cache_save_and_reload(model_type, tmp_path):
         step = model(out[:, :-1]).logits[0, -5:].argmax(-1)
     assert torch.equal(step, out[0, -5:])
     model.save_pretrained(tmp_path)
+    # the same weights reloaded run the same kernels: assert_close's fp32 default (about 10 eps) suffices
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(model))
 
 
@@ -84,7 +85,8 @@ def test_block_influence_equals_one_minus_cosine_of_hidden_states():
     # hidden_states[i] enters block i; the last entry is after the final norm, so skip the last block
     for i in range(len(bi) - 1):
         cos = torch.nn.functional.cosine_similarity(hidden[i], hidden[i + 1], dim=-1).mean()
-        assert float(bi[i]) == pytest.approx(1 - float(cos), abs=1e-5)
+        # the same cosine from hooked vs returned hidden states, 6 layers deep
+        assert float(bi[i]) == close_to(1 - float(cos), depth=6)
 
 
 def test_layer_pruners_remove_the_chosen_blocks():
@@ -114,10 +116,13 @@ def test_width_pruning_equals_masking_the_same_heads_and_neurons(tmp_path):
                 head = group + int(torch.argmin(head_score[group:group + 2]))
                 h.out_proj.weight[:, head * 8:(head + 1) * 8] = 0
             mlp.down_proj.weight[:, torch.argsort(neuron_score, descending=True, stable=True)[24:]] = 0
-    torch.testing.assert_close(logits(lm.model), logits(masked), rtol=0, atol=1e-5)
+    want = logits(masked)
+    # slicing out zeroed columns only reorders the projections' sums, 6 layers deep
+    torch.testing.assert_close(logits(lm.model), want, **reordered(want, depth=6))
     config = lm.model.config
     assert (config.intermediate_size, config.num_attention_heads, config.num_key_value_heads) == (24, 2, 2)
     lm.model.save_pretrained(tmp_path)
+    # the same weights reloaded run the same kernels: assert_close's fp32 default (about 10 eps) suffices
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(lm.model))
 
 
@@ -130,6 +135,7 @@ def test_amp_neuron_scores_are_mean_absolute_down_proj_inputs():
         model(ids)
     hook.remove()
     scores = amp_scores(model, [{"input_ids": ids[:2]}, {"input_ids": ids[2:]}])
+    # one mean over the same values, batched in two: fp32 default tolerance
     torch.testing.assert_close(scores["neurons"][1], seen[0].abs().mean((0, 1)))
 
 
@@ -144,6 +150,7 @@ def test_mop_reaches_the_ratio_of_block_parameters(selector, tmp_path):
     assert set(stats["mop/sequence"]) <= {"L", "G"} and len(stats["mop/sequence"]) >= 3
     assert stats["mop/layers_removed"] == 8 - len(lm.model.model.layers)
     lm.model.save_pretrained(tmp_path)
+    # the same weights reloaded run the same kernels: assert_close's fp32 default (about 10 eps) suffices
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path).eval()), logits(lm.model))
 
 

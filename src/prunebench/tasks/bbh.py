@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from prunebench.tasks import bigbench_sdist
 from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TakeFirst, TaskGroup
-from prunebench.tasks.sources import BenchmarkSource, DocSource, extract_bigbench, read_records
+from prunebench.tasks.sources import BenchmarkSource, DocSource, read_records
 
 INVALID = "[invalid]"
 
@@ -266,7 +267,7 @@ class BigBenchBBHSource(DocSource):
     """The BIG-bench task a subtask was drawn from, every item (BBH sampled at most 250), in BBH's
     schema: the task prefix and the input; multiple-choice subtasks list the choices as "(A) ..."
     lines after "Options:" and answer with the letter. The prompts are generic, so scores are not
-    BBH's; the JSON comes from PyPI's bigbench sdist (sources.extract_bigbench)."""
+    BBH's; the JSON comes from PyPI's bigbench sdist (tasks/bigbench_sdist.py)."""
 
     def __init__(self, subtask: str):
         self.subtask = subtask
@@ -276,8 +277,14 @@ class BigBenchBBHSource(DocSource):
                              f"JSON); use source=bbh for it")
         self.spec = spec
 
+    def check(self) -> None:
+        self.task_json()  # downloads and extracts once, so a machine without the sdist fails before loading
+
+    def task_json(self) -> Path:
+        return bigbench_sdist.extract([f"{self.spec.bigbench}/task.json"])[0]
+
     def load(self) -> list[dict]:
-        task = json.loads(extract_bigbench([f"{self.spec.bigbench}/task.json"])[0].read_text(encoding="utf-8"))
+        task = json.loads(self.task_json().read_text(encoding="utf-8"))
         prefix = task.get("task_prefix", "").strip()
         rename = self.spec.bigbench_answers or {}
         docs = []

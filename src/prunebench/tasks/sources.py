@@ -5,13 +5,9 @@ cheaply before any model loads."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-from prunebench.cache import cache_dir
+from prunebench.tasks import bigbench_sdist
 from prunebench.tasks.template import import_callable
 
 
@@ -143,29 +139,25 @@ class BenchmarkSource(DocSource):
         return str(where) if where is not None else f"hf:{self.hub}/{self.name or ''}:{self.split}"
 
 
-BIGBENCH_SDIST = "bigbench==1.0.0"
-
-
 class BigBenchSource(DocSource):
     """A BIG-bench multiple-choice task (`target_scores`), shaped like the `hails/bigbench` HF
     dataset that lm-eval's bigbench tasks read (inputs, multiple_choice_targets,
     multiple_choice_scores), so the same templates work for both.
 
-    Without `path`, the task JSON is extracted once from PyPI's bigbench sdist (358 MB; BIG-bench
-    is on no other offline channel) into the cache."""
+    Without `path`, the task JSON is extracted once from PyPI's bigbench sdist into the cache
+    (tasks/bigbench_sdist.py)."""
 
     def __init__(self, task: str, path: str | None = None, subtask: str | None = None):
         self.task, self.path, self.subtask = task, path, subtask
 
     def check(self) -> None:
-        if self.path:
-            _require_file(self.path, "task.source.path")
+        self.task_json()  # downloads and extracts once, so a machine without the sdist fails before loading
 
     def task_json(self) -> Path:
         if self.path:
             return _require_file(self.path, "task.source.path")
         rel = f"{self.task}/{self.subtask}/task.json" if self.subtask else f"{self.task}/task.json"
-        return extract_bigbench([rel])[0]
+        return bigbench_sdist.extract([rel])[0]
 
     def load(self) -> list[dict]:
         spec = json.loads(self.task_json().read_text(encoding="utf-8"))
@@ -198,35 +190,3 @@ def bigbench_docs(spec: dict) -> list[dict]:
     if not docs:
         raise ValueError(f"BIG-bench task {spec.get('name')!r} has no multiple-choice examples (target_scores)")
     return docs
-
-
-def bigbench_sdist() -> Path:
-    """The sdist is kept in the cache so each later task extraction skips the download."""
-    folder = cache_dir("downloads")
-    found = sorted(folder.glob("bigbench-1.0.0.tar.gz"))
-    if not found:
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, BIGBENCH_SDIST],
-                           check=True)
-            next(Path(tmp).glob("bigbench-*.tar.gz")).rename(folder / "bigbench-1.0.0.tar.gz")
-    return folder / "bigbench-1.0.0.tar.gz"
-
-
-def extract_bigbench(relpaths: list[str]) -> list[Path]:
-    root = cache_dir("data", "bigbench")
-    targets = [root / rel for rel in relpaths]
-    wanted = {f"bigbench-1.0.0/bigbench/benchmark_tasks/{rel}": rel
-              for rel, target in zip(relpaths, targets) if not target.exists()}
-    if wanted:
-        with tarfile.open(bigbench_sdist()) as tar:
-            for member in tar:
-                rel = wanted.pop(member.name, None)
-                if rel is not None:
-                    out = root / rel
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(tar.extractfile(member).read())
-                if not wanted:
-                    break
-        if wanted:
-            raise FileNotFoundError(f"not in the BIG-bench sdist: {sorted(wanted.values())}")
-    return targets

@@ -1,0 +1,3 @@
+from prunebench.cli import main
+
+main()

@@ -1,0 +1,124 @@
+"""Calibration data for scorers: token windows drawn deterministically (per seed) from a text corpus.
+
+`stream` sampling cuts random windows from the corpus joined into one token stream (SparseGPT's and
+Wanda's WikiText-2 loader); `document` sampling draws a random document longer than a window and a
+random window inside it (their C4 loader). Each window starts with BOS when the tokenizer adds one
+(see evaluation/windows.py), so its activations look like the ones evaluation produces."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from prunebench.corpora import C4, Alpaca, TaskText, TextCorpus, TextFile, WikiText2, task_data_ids
+from prunebench.evaluation.windows import window_prefix
+
+SAMPLING = ("stream", "document")
+
+
+class Calibration:
+    """`samples(tokenizer)` -> LongTensor [n_samples, seq_len]; the same seed gives the same windows.
+
+    `allow_eval_split` lets a user calibrate on data that is also evaluated (otherwise refused)."""
+
+    def __init__(self, corpus: TextCorpus, name: str, n_samples: int = 128, seq_len: int = 2048, seed: int = 0,
+                 sampling: str = "stream", allow_eval_split: bool = False):
+        if sampling not in SAMPLING:
+            raise ValueError(f"calib.sampling={sampling!r} is not one of {list(SAMPLING)}")
+        if n_samples < 1 or seq_len < 2:
+            raise ValueError(f"calib.n_samples={n_samples} and calib.seq_len={seq_len} must be >= 1 and >= 2")
+        self.corpus, self.name, self.n_samples, self.seq_len = corpus, name, n_samples, seq_len
+        self.seed, self.sampling, self.allow_eval_split = seed, sampling, allow_eval_split
+
+    def check(self) -> None:
+        """Raise a clear error if the data cannot be had, before any model loads."""
+        self.corpus.check()
+
+    def evaluated_overlap(self, tasks: dict) -> dict[str, set[str]]:
+        """{task name: the data it shares with this calibration set}, for the tasks that share any."""
+        mine = self.corpus.data_ids()
+        shared = {name: mine & task_data_ids(task) for name, task in tasks.items()}
+        return {name: ids for name, ids in shared.items() if ids}
+
+    def samples(self, tokenizer) -> torch.Tensor:
+        prefix = window_prefix(tokenizer)
+        body = self.seq_len - len(prefix)
+        rng = random.Random(self.seed)
+        if self.sampling == "stream":
+            ids = tokenizer.encode(self.corpus.text(), add_special_tokens=False)
+            if len(ids) <= body:
+                raise ValueError(f"calib {self.name}: {len(ids)} tokens cannot fill one window of "
+                                 f"seq_len={self.seq_len}")
+            windows = [ids[s:s + body] for s in (rng.randrange(0, len(ids) - body) for _ in range(self.n_samples))]
+        else:
+            windows = self.document_windows(tokenizer, body, rng)
+        return torch.tensor([prefix + w for w in windows], dtype=torch.long)
+
+    def document_windows(self, tokenizer, body: int, rng: random.Random) -> list[list[int]]:
+        docs = self.corpus.documents()
+        windows, too_short = [], set()
+        while len(windows) < self.n_samples:
+            if len(too_short) == len(docs):
+                raise ValueError(f"calib {self.name}: no document is longer than seq_len={self.seq_len} tokens")
+            index = rng.randrange(len(docs))
+            ids = tokenizer.encode(docs[index], add_special_tokens=False)
+            if len(ids) > body:
+                start = rng.randrange(0, len(ids) - body)
+                windows.append(ids[start:start + body])
+            else:
+                too_short.add(index)
+        return windows
+
+
+class FileCalibration(Calibration):
+    """Any local text or .json/.jsonl(.gz) file (calib=file calib.path=FILE)."""
+
+    def __init__(self, path: str, field: str = "text", **kwargs):
+        super().__init__(TextFile(path, field), **kwargs)
+
+
+class WikiText2Calibration(Calibration):
+    def __init__(self, split: str = "train", data_dir: str | None = None, **kwargs):
+        super().__init__(WikiText2(split, data_dir), **kwargs)
+
+
+class C4Calibration(Calibration):
+    def __init__(self, split: str = "train", path: str | None = None, **kwargs):
+        super().__init__(C4(split, path), **kwargs)
+
+
+class AlpacaCalibration(Calibration):
+    def __init__(self, path: str | None = None, **kwargs):
+        super().__init__(Alpaca(path), **kwargs)
+
+
+class TaskCalibration(Calibration):
+    """The documents of a task definition (conf/tasks/), pointed at a split that is not evaluated."""
+
+    def __init__(self, task, **kwargs):
+        super().__init__(TaskText(task), **kwargs)
+
+
+class LabelledCalibration:
+    """Labelled examples of a classification task (GLUE train, an image train split) for scorers
+    that need the task loss (HIS, HIES on classifiers): `batches(loaded, batch_size)` gives model
+    inputs with `labels`, which pruners/structured.calibration_batches uses as they are."""
+
+    def __init__(self, task, name: str = "labelled", n_samples: int = 32, seed: int = 0,
+                 allow_eval_split: bool = False):
+        if n_samples < 1:
+            raise ValueError(f"calib.n_samples={n_samples} must be >= 1")
+        self.task, self.name, self.n_samples, self.seed = task, name, n_samples, seed
+        self.allow_eval_split = allow_eval_split
+
+    def check(self) -> None:
+        self.task.check()
+
+    def evaluated_overlap(self, tasks: dict) -> dict[str, set[str]]:
+        mine = task_data_ids(self.task)
+        shared = {name: mine & task_data_ids(task) for name, task in tasks.items()}
+        return {name: ids for name, ids in shared.items() if ids}
+
+    def batches(self, loaded, batch_size: int) -> list[dict[str, torch.Tensor]]:
+        return self.task.labelled_batches(loaded, self.n_samples, self.seed, batch_size)

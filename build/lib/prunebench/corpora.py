@@ -1,0 +1,184 @@
+"""Plain-text corpora, shared by calibration (random windows) and perplexity (consecutive windows).
+
+A corpus is a list of documents and the separator that joins them, the way pruning papers' data
+loaders build one token stream (`"\\n\\n".join(wikitext["text"])`). Each corpus also names the data
+it reads (`data_ids`), so that calibrating on an evaluated split can be refused before any model
+loads: a local copy and the hub split it mirrors share a name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WIKITEXT2_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
+C4_SHARDS = {"train": "en/c4-train.00000-of-01024.json.gz", "validation": "en/c4-validation.00000-of-00008.json.gz"}
+ALPACA_HUB = "yahma/alpaca-cleaned"
+ALPACA_PROMPT = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                 "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+ALPACA_PROMPT_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                       "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
+                       "{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+
+
+def local_file(path: str | Path, what: str) -> Path:
+    found = Path(path).expanduser()
+    if not found.is_file():
+        raise FileNotFoundError(f"{what}: data file {str(found)!r} does not exist")
+    return found.resolve()
+
+
+def data_id(described: str) -> str:
+    """The same file named two ways (relative, with ~) must compare equal."""
+    path = Path(described).expanduser()
+    return str(path.resolve()) if path.exists() else described
+
+
+def is_json(path: Path) -> bool:
+    return any(s in (".json", ".jsonl") for s in path.suffixes)
+
+
+def load_rows(path: str, name: str | None = None, split: str = "train", data_files=None) -> list[dict]:
+    """Rows of a hub dataset, or of a local .json/.jsonl(.gz) file, through `datasets`."""
+    import datasets
+
+    if Path(path).expanduser().is_file():
+        path, data_files, split = "json", str(Path(path).expanduser()), "train"
+    return [dict(row) for row in datasets.load_dataset(path, name, split=split, data_files=data_files)]
+
+
+class TextCorpus:
+    separator = "\n\n"
+
+    def check(self) -> None:
+        """Raise FileNotFoundError naming the path if a local file is missing (cheap, no loading)."""
+
+    def documents(self) -> list[str]:
+        raise NotImplementedError
+
+    def data_ids(self) -> set[str]:
+        raise NotImplementedError
+
+    def text(self) -> str:
+        return self.separator.join(self.documents())
+
+
+class TextFile(TextCorpus):
+    """Any local text file (one document; CRLF read as LF), or .json/.jsonl(.gz) records whose
+    `field` holds the text."""
+
+    def __init__(self, path: str, field: str = "text"):
+        self.path, self.field = path, field
+
+    def check(self) -> None:
+        local_file(self.path, "calib.path")
+
+    def documents(self) -> list[str]:
+        path = local_file(self.path, "calib.path")
+        if is_json(path):
+            return [row[self.field] for row in load_rows(str(path))]
+        return [path.read_text(encoding="utf-8")]
+
+    def data_ids(self) -> set[str]:
+        return {data_id(self.path)}
+
+
+class WikiText2(TextCorpus):
+    """WikiText-2 (raw): `data_dir/wikitext2/wiki.{train,valid,test}.raw` when `data_dir` is set, else
+    the hub's `wikitext` / `wikitext-2-raw-v1` split joined with blank lines (the GPTQ convention)."""
+
+    def __init__(self, split: str = "test", data_dir: str | None = None):
+        if split not in WIKITEXT2_FILES:
+            raise ValueError(f"wikitext2 split={split!r} is not one of {list(WIKITEXT2_FILES)}")
+        self.split, self.data_dir = split, data_dir
+
+    def local_path(self) -> Path | None:
+        return Path(self.data_dir).expanduser() / "wikitext2" / WIKITEXT2_FILES[self.split] if self.data_dir else None
+
+    def check(self) -> None:
+        path = self.local_path()
+        if path is not None and not path.is_file():
+            present = sorted(p.name for p in path.parent.glob("wiki.*.raw")) if path.parent.is_dir() else []
+            raise FileNotFoundError(f"wikitext2 split {self.split!r}: {str(path)!r} does not exist under "
+                                    f"data_dir={self.data_dir!r} (present: {present or 'none'})")
+
+    def documents(self) -> list[str]:
+        self.check()
+        path = self.local_path()
+        if path is not None:
+            return [path.read_text(encoding="utf-8")]
+        return [row["text"] for row in load_rows("wikitext", "wikitext-2-raw-v1", self.split)]
+
+    def data_ids(self) -> set[str]:
+        path = self.local_path()
+        return {f"wikitext-2-raw:{self.split}"} | ({data_id(str(path))} if path is not None else set())
+
+
+class C4(TextCorpus):
+    """C4 (en): a local .json(.gz) file, or the first hub shard of the split that SparseGPT and Wanda
+    read; documents joined by a space, as their loaders join the validation documents."""
+
+    separator = " "
+
+    def __init__(self, split: str = "train", path: str | None = None, max_documents: int | None = None):
+        if split not in C4_SHARDS:
+            raise ValueError(f"c4 split={split!r} is not one of {list(C4_SHARDS)}")
+        self.split, self.path, self.max_documents = split, path, max_documents
+
+    def check(self) -> None:
+        if self.path:
+            local_file(self.path, "c4 path")
+
+    def documents(self) -> list[str]:
+        if self.path:
+            rows = load_rows(str(local_file(self.path, "c4 path")))
+        else:
+            rows = load_rows("allenai/c4", split="train", data_files=C4_SHARDS[self.split])
+        return [row["text"] for row in rows[:self.max_documents]]
+
+    def data_ids(self) -> set[str]:
+        return {data_id(self.path) if self.path else f"c4:{C4_SHARDS[self.split]}"}
+
+
+class Alpaca(TextCorpus):
+    """Instruction prompts (Stanford Alpaca's template, without the response) from alpaca-cleaned:
+    a local JSON file of {instruction, input, output} records, or the hub dataset."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+
+    def check(self) -> None:
+        if self.path:
+            local_file(self.path, "alpaca path")
+
+    def documents(self) -> list[str]:
+        rows = load_rows(str(local_file(self.path, "alpaca path")) if self.path else ALPACA_HUB)
+        return [(ALPACA_PROMPT_INPUT if row.get("input") else ALPACA_PROMPT).format(**row) for row in rows]
+
+    def data_ids(self) -> set[str]:
+        return {data_id(self.path) if self.path else f"hf:{ALPACA_HUB}"}
+
+
+def task_data_ids(task) -> set[str]:
+    """What an evaluation task reads: its corpus's names, or its document source's description."""
+    if hasattr(task, "data_ids"):
+        return task.data_ids()
+    return {data_id(task.source.describe())}
+
+
+class TaskText(TextCorpus):
+    """A task's documents as the text the model reads: each context followed by its gold answer."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def check(self) -> None:
+        self.task.check()
+
+    def documents(self) -> list[str]:
+        out = []
+        for inst in self.task.instances():
+            gold = inst.gold if 0 <= inst.gold < len(inst.contexts) else 0
+            out.append(inst.contexts[gold] + inst.continuations[gold])
+        return out
+
+    def data_ids(self) -> set[str]:
+        return task_data_ids(self.task)

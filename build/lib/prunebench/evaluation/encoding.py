@@ -1,0 +1,37 @@
+"""Context/continuation tokenisation exactly as lm-eval's HFLM does it (spec §3.1-3.2)."""
+
+from __future__ import annotations
+
+
+def encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
+    """`add_bos=None` delegates BOS to the tokenizer's default (lm-eval >= 0.4.9.2), true/false forces
+    it; either way a string that already starts with the prefix token's text (BOS, else EOS) gets no
+    second one, as lm-eval's tok_encode checks."""
+    kwargs = {} if add_bos is None else {"add_special_tokens": add_bos}
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if prefix is not None and text.startswith(tokenizer.decode(prefix)):
+        kwargs["add_special_tokens"] = False
+    return tokenizer.encode(text, **kwargs)
+
+
+def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None = None
+                ) -> tuple[list[int], list[int]]:
+    """Trailing whitespace of the context moves to the continuation; the continuation's tokens are
+    whatever follows the context's own tokens in the joint tokenisation (not a separate encode)."""
+    if not context:
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        cont = tokenizer.encode(continuation, add_special_tokens=False)
+        return ([prefix], cont[1:]) if cont and cont[0] == prefix else ([prefix], cont)
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    whole = encode(tokenizer, context + continuation, add_bos)
+    ctx = encode(tokenizer, context, add_bos)
+    return ctx, whole[len(ctx):]
+
+
+def model_input(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], int]:
+    """Left-truncated input (the last continuation token is never fed) and how many of its last
+    positions predict continuation tokens (all of them, unless the continuation alone overflows)."""
+    full = (ctx + cont)[-(max_length + 1):][:-1]
+    return full, min(len(cont), len(full))

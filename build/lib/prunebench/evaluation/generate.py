@@ -1,0 +1,66 @@
+"""Greedy generation for `generate_until` requests, many prompts at a time.
+
+Prompts are left-padded into one batch and decoded by transformers' `generate` (KV cache, greedy;
+rows finish independently, a finished row only receives padding). Stop strings are found on the
+device: transformers' StopStringCriteria matches them against the last few token ids through
+per-token tables built once, so no step decodes text. The text returned is the decoded generation
+cut before the first occurrence of each stop string (lm-eval's rule, spec §3.5), so it does not
+depend on the step at which a row stopped."""
+
+from __future__ import annotations
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+
+
+class GeneratedStopStrings(StoppingCriteria):
+    """StopStringCriteria over the generated columns only: over the whole sequence a stop string
+    could be completed across the prompt's end (a prompt ending in "\\n", a generated "\\n", the
+    stop string "\\n\\n"), which lm-eval, reading only generated text, never stops on."""
+
+    def __init__(self, tokenizer, stop_strings: list[str]):
+        # building the tables takes seconds for a 262k vocabulary: once per evaluation
+        self.inner = StopStringCriteria(tokenizer, stop_strings)
+        self.prompt_width = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return self.inner(input_ids[:, self.prompt_width:], scores)
+
+
+def cut_at_stops(text: str, stops: list[str]) -> str:
+    for stop in stops:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+class Generator:
+    """Greedy generation of up to `max_new_tokens` per prompt until any of `until`; like lm-eval,
+    the tokenizer's EOS text joins the stop strings."""
+
+    def __init__(self, model, tokenizer, until: list[str], max_new_tokens: int):
+        self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
+        eos = tokenizer.eos_token
+        self.until = [*until, eos] if eos and eos not in until else list(until)
+        stops = [s for s in self.until if s]
+        self.stops = GeneratedStopStrings(tokenizer, stops) if stops else None
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def __call__(self, prompts: list[list[int]]) -> list[str]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
+        criteria = StoppingCriteriaList()
+        if self.stops is not None:
+            self.stops.prompt_width = width
+            criteria.append(self.stops)
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                  max_new_tokens=self.max_new_tokens, do_sample=False,
+                                  stopping_criteria=criteria, pad_token_id=self.pad_id)
+        texts = self.tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)
+        return [cut_at_stops(text, self.until) for text in texts]

@@ -1,0 +1,209 @@
+"""Continuation log-likelihoods for a causal LM: many documents per forward, each document's shared
+context computed once, and only continuation positions through the LM head.
+
+All choices of a document share their leading tokens (the context). Documents are grouped by the
+length of that shared prefix; each group's prefixes run as one left-padded batch that fills a KV
+cache, then the choices' remaining tokens run against their documents' rows of that cache, grouped
+by length too, so padding stays a small fraction of the work. The padding is masked and the position
+ids are each sequence's own, so every real token sees exactly the keys, rotary positions and sliding
+windows of its unpadded sequence: the result equals the plain one-sequence-per-choice computation
+(tests hold it to 1e-4 in fp32).
+
+Only the positions that predict continuation tokens go through the LM head and log-softmax, each
+position once even when several choices score from it (at least the context's last token): with
+Gemma's 262k vocabulary the full [batch, length, vocab] tensor that lm-eval builds is most of its
+cost."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+# fp32 logits held at once by the LM head: chunking keeps the peak independent of how many
+# continuation tokens a batch has; 256 MiB is still >= 128 rows of a 262k vocabulary, enough rows
+# for the matmul to run at full speed.
+LOGITS_BYTES = 256 * 2**20
+
+
+class Requests(Protocol):
+    """One document's loglikelihood requests: `inputs[i]` is the fed sequence of choice i, whose last
+    `cont_lens[i]` positions predict `conts[i]`."""
+
+    inputs: list[list[int]]
+    cont_lens: list[int]
+    conts: list[list[int]]
+
+
+def common_prefix_len(seqs: list[list[int]]) -> int:
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        if any(s[i] != first[i] for s in seqs[1:]):
+            return i
+    return n
+
+
+def padded_runs(items: list, length: Callable[[object], int]) -> list[list]:
+    """`items` sorted longest first, cut where one more item would pad a run (to its first item's
+    length) by more than a quarter of its width and more than 4 tokens: padding stays bounded, and
+    items of nearly equal short lengths still share a forward. An empty item never joins non-empty
+    ones, so no row is all padding."""
+    runs: list[list] = []
+    for item in items:
+        if runs:
+            width, n = length(runs[-1][0]), length(item)
+            if width - n <= max(4, width // 4) and (n or not width):
+                runs[-1].append(item)
+                continue
+        runs.append([item])
+    return runs
+
+
+def lm_head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+class _ScoredPositions:
+    """Hidden states of the positions whose next token is scored, each kept once under a key:
+    (doc, position) inside a document's shared prefix, (doc, choice, position) after it."""
+
+    def __init__(self):
+        self.rows: dict[tuple, int] = {}
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, hidden: torch.Tensor, picks: list[tuple[tuple, int, int]]) -> None:
+        """`picks`: (key, batch row, sequence index) into hidden [batch, length, H]."""
+        if not picks:
+            return
+        rows = torch.tensor([r for _, r, _ in picks], device=hidden.device)
+        cols = torch.tensor([c for _, _, c in picks], device=hidden.device)
+        self.parts.append(hidden[rows, cols])
+        for key, _, _ in picks:
+            self.rows[key] = len(self.rows)
+
+    def hidden(self) -> torch.Tensor:
+        return torch.cat(self.parts)
+
+
+def _prefix_pass(decoder, prefixes: list[list[int]], device):
+    """Left-padded prefixes -> (hidden [n, width, H], cache, padding mask [n, width])."""
+    width = max(len(p) for p in prefixes)
+    ids = torch.zeros((len(prefixes), width), dtype=torch.long)
+    mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+    for row, prefix in enumerate(prefixes):
+        ids[row, width - len(prefix):] = torch.tensor(prefix, dtype=torch.long)
+        mask[row, width - len(prefix):] = 1
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                  use_cache=True)
+    return out.last_hidden_state, out.cache, mask
+
+
+def _suffix_pass(decoder, suffixes: list[list[int]], starts: list[int], cache, cache_rows: list[int],
+                 prefix_mask: torch.Tensor | None, device) -> torch.Tensor:
+    """Right-padded suffixes (harmless: causal) starting at positions `starts`, each attending to
+    row `cache_rows[i]` of the prefix cache -> hidden [n, width, H]."""
+    width = max(len(s) for s in suffixes)
+    ids = torch.zeros((len(suffixes), width), dtype=torch.long)
+    for row, suffix in enumerate(suffixes):
+        ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+    positions = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
+    mask = None
+    if cache is not None:
+        index = torch.tensor(cache_rows)
+        cache.batch_select_indices(index.to(device))
+        # padding is masked too, so routing telemetry (MoE) never counts it as real tokens
+        real = (torch.arange(width)[None, :] < torch.tensor([len(s) for s in suffixes])[:, None]).long()
+        mask = torch.cat([prefix_mask[index], real], 1).to(device)
+    out = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device), cache=cache,
+                  use_cache=False)
+    return out.last_hidden_state
+
+
+def _run_forwards(decoder, docs: Sequence[Requests], shared: list[int], device) -> _ScoredPositions:
+    scored = _ScoredPositions()
+    order = sorted(range(len(docs)), key=lambda d: -shared[d])
+    for group in padded_runs(order, lambda d: shared[d]):
+        cache, prefix_mask = None, None
+        if shared[group[0]]:
+            hidden, cache, prefix_mask = _prefix_pass(decoder, [docs[d].inputs[0][:shared[d]] for d in group], device)
+            width, picks = hidden.shape[1], []
+            for row, d in enumerate(group):
+                doc = docs[d]
+                positions = {p for seq, clen in zip(doc.inputs, doc.cont_lens)
+                             for p in range(len(seq) - clen, min(len(seq), shared[d]))}
+                picks += [((d, p), row, width - shared[d] + p) for p in sorted(positions)]
+            scored.add(hidden, picks)
+        cache_row = {d: row for row, d in enumerate(group)}
+        rest = sorted(((d, c) for d in group for c, seq in enumerate(docs[d].inputs) if len(seq) > shared[d]),
+                      key=lambda dc: shared[dc[0]] - len(docs[dc[0]].inputs[dc[1]]))
+        runs = padded_runs(rest, lambda dc: len(docs[dc[0]].inputs[dc[1]]) - shared[dc[0]])
+        for i, run in enumerate(runs):
+            # selecting cache rows replaces the cache's tensors: every run but the last gets a copy
+            run_cache = copy.deepcopy(cache) if cache is not None and i < len(runs) - 1 else cache
+            hidden = _suffix_pass(decoder, [docs[d].inputs[c][shared[d]:] for d, c in run], [shared[d] for d, _ in run],
+                                  run_cache, [cache_row[d] for d, _ in run], prefix_mask, device)
+            picks = []
+            for row, (d, c) in enumerate(run):
+                seq, clen = docs[d].inputs[c], docs[d].cont_lens[c]
+                picks += [((d, c, p), row, p - shared[d]) for p in range(max(len(seq) - clen, shared[d]), len(seq))]
+            scored.add(hidden, picks)
+    return scored
+
+
+@torch.inference_mode()
+def score_documents(model, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES
+                    ) -> list[list[tuple[float, bool]]]:
+    """Per document, per choice: (sum log p(continuation), continuation is the greedy decode)."""
+    device = next(model.parameters()).device
+    shared = [common_prefix_len(doc.inputs) for doc in docs]
+    scored = _run_forwards(model.get_decoder(), docs, shared, device)
+    hidden = scored.hidden()
+
+    entry_rows, targets = [], []
+    for d, doc in enumerate(docs):
+        for c, (seq, clen, cont) in enumerate(zip(doc.inputs, doc.cont_lens, doc.conts)):
+            for p, target in zip(range(len(seq) - clen, len(seq)), cont):
+                entry_rows.append(scored.rows[(d, p) if p < shared[d] else (d, c, p)])
+                targets.append(target)
+    entry_rows = torch.tensor(entry_rows, device=device)
+    targets = torch.tensor(targets, device=device)
+
+    token_lp = torch.empty(len(targets), device=device)
+    greedy = torch.empty(len(targets), dtype=torch.bool, device=device)
+    chunk = max(1, logits_bytes // (4 * model.get_output_embeddings().weight.shape[0]))
+    for start in range(0, hidden.shape[0], chunk):
+        logprobs = torch.log_softmax(lm_head_logits(model, hidden[start:start + chunk]).float(), dim=-1)
+        sel = (entry_rows >= start) & (entry_rows < start + chunk)
+        rows = entry_rows[sel] - start
+        token_lp[sel] = logprobs[rows, targets[sel]]
+        greedy[sel] = logprobs.argmax(-1)[rows] == targets[sel]
+    token_lp, greedy = token_lp.tolist(), greedy.tolist()
+
+    out, pos = [], 0
+    for doc in docs:
+        scores = []
+        for clen in doc.cont_lens:
+            scores.append((sum(token_lp[pos:pos + clen]), all(greedy[pos:pos + clen])))
+            pos += clen
+        out.append(scores)
+    return out
+
+
+@dataclass
+class _Doc:
+    inputs: list[list[int]]
+    cont_lens: list[int]
+    conts: list[list[int]]
+
+
+def score_choices(model, inputs: list[list[int]], cont_lens: list[int], conts: list[list[int]]
+                  ) -> list[tuple[float, bool]]:
+    """`score_documents` for a single document's requests."""
+    return score_documents(model, [_Doc(inputs, cont_lens, conts)])[0]

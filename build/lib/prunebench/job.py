@@ -1,0 +1,131 @@
+"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> log. Thin on purpose:
+each step lives in the module named for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import mlflow
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from prunebench.models.cache import get_model
+from prunebench.tracking import store
+from prunebench.pruners.score_cache import cached_scores
+from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
+from prunebench.tracking.stability import stability
+from prunebench.validate import validate
+
+log = logging.getLogger(__name__)
+
+
+def flatten(data, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return out
+
+
+def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
+    dense = is_dense(cfg)
+    return {store.KEY_TAG: key, "prunebench.model": cfg.model.name,
+            "prunebench.pruner": "none" if dense else cfg.pruner.name,
+            "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
+            "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
+            # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
+            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {})}
+
+
+def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
+    data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
+    trainer = instantiate(cfg.trainer)
+    results = trainer.test(module, datamodule=data, verbose=False)[0]
+    metrics = {key: float(value) for key, value in results.items()}
+    for metric in task.metrics:
+        metrics[f"{name}/{metric}_stderr"] = module.stderr(metric)
+    return metrics, module.records
+
+
+def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = None) -> dict[str, float] | None:
+    tasks = validate(cfg)
+    key = run_key(cfg)
+    uri = store.tracking_uri(cfg.tracking.uri)
+    exp_id = store.experiment_id(uri, cfg.tracking.experiment)
+    if cfg.tracking.skip_existing:
+        done = store.finished_run(uri, exp_id, key)
+        if done:
+            log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
+            return None
+    dense = is_dense(cfg)
+    if not dense and cfg.tracking.ensure_dense and store.finished_run(uri, exp_id, dense_key(cfg)) is None:
+        log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
+        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
+    run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
+    with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
+        mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        metrics = execute(cfg, tasks, dense)
+        primary = {name: metrics[f"{name}/{task.primary}"] for name, task in tasks.items()}
+        mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in tasks.items()}))
+        metrics["avg/score"] = sum(primary.values()) / len(primary)
+        lower = frozenset(n for n, t in tasks.items() if t.lower_is_better)
+        if dense:
+            metrics.update(stability(primary, primary, lower))
+        else:
+            dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
+            if dense_run:
+                dense_primary = {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
+                metrics.update(stability(primary, {n: v for n, v in dense_primary.items() if v is not None}, lower))
+            else:
+                log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
+        mlflow.log_metrics(metrics)
+    return metrics
+
+
+def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
+    """The expensive part, reached only with a valid config and no finished run."""
+    from prunebench.pruners.base import parameter_counts
+
+    loaded = get_model(cfg.model)
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    metrics: dict[str, float] = {}
+    start = time.perf_counter()
+    scores = None
+    if not dense:
+        calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
+        key_data = {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
+                    "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calib else None}
+        scores, hit = cached_scores(pruner, loaded, calib, key_data)
+        mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
+    metrics["time/score_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))
+    metrics["time/apply_s"] = time.perf_counter() - start
+    metrics.setdefault("sparsity/actual", 0.0)
+    # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
+    mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
+    metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
+    metrics.update(parameter_counts(loaded.model))
+    start = time.perf_counter()
+    for name, task in tasks.items():
+        pruner.start_task(name)
+        task_metrics, records = evaluate_task(cfg, loaded, name, task)
+        metrics.update(task_metrics)
+        metrics.update(pruner.task_metrics(name))
+        for path, artifact in pruner.task_artifacts(name).items():
+            (mlflow.log_dict if isinstance(artifact, dict) else mlflow.log_figure)(artifact, path)
+        mlflow.log_text("\n".join(json.dumps(r) for r in records), f"predictions/{name}.jsonl")
+    metrics["time/eval_s"] = time.perf_counter() - start
+    if cfg.bench.name != "none":
+        from prunebench.bench.measure import benchmark
+
+        bench_metrics, bench_tags = benchmark(cfg, loaded, dense)
+        metrics.update(bench_metrics)
+        mlflow.set_tags(bench_tags)
+    return metrics

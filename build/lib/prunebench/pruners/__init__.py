@@ -1,0 +1,1 @@
+"""Pruners: `score` once (expensive, cacheable), `apply` per sparsity (cheap)."""

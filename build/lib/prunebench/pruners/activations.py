@@ -1,0 +1,99 @@
+"""What pruners observe of calibration data flowing through a causal LM's decoder blocks.
+
+Samples run one at a time (as the SparseGPT and Wanda code do), through `get_decoder()` so the
+LM head, whose vocabulary dwarfs the rest on small models, never runs."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from prunebench.pruners.base import transformer_blocks
+
+
+@contextmanager
+def input_hooks(linears: dict[str, torch.nn.Linear], observe):
+    """Calls observe(name, x) with each Linear's input, flattened to [tokens, in_features]."""
+    handles = [lin.register_forward_pre_hook(lambda mod, args, name=name: observe(name, args[0].flatten(0, -2)))
+               for name, lin in linears.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def input_square_sums(model, linears: dict[str, torch.nn.Linear], samples: torch.Tensor) -> dict[str, torch.Tensor]:
+    """sum over calibration tokens of x_j^2 per input feature j of each Linear (Wanda's ||X_j||^2),
+    in float64 so long calibration sets do not lose the small features."""
+    sums = {name: torch.zeros(lin.in_features, dtype=torch.float64) for name, lin in linears.items()}
+
+    def observe(name, x):
+        sums[name] += x.double().pow(2).sum(0).cpu()
+
+    decoder, device = model.get_decoder(), next(model.parameters()).device
+    with input_hooks(linears, observe):
+        for row in samples:
+            decoder(input_ids=row[None].to(device), use_cache=False)
+    return sums
+
+
+@torch.no_grad()
+def block_calls(model, samples: torch.Tensor) -> tuple[list[torch.Tensor], list[list[tuple]]]:
+    """Each sample's hidden state entering the first block, and the other arguments (masks,
+    rotary embeddings, which differ between a model's layer types) the model passes to each block.
+
+    Every block's forward is replaced by a recorder that returns its input unchanged, so this pass
+    costs only the embeddings; replaying block i with (hidden, *args, **kwargs) then propagates any
+    hidden state, such as one coming out of already pruned blocks."""
+    _, blocks = transformer_blocks(model)
+    firsts, calls = [], []
+
+    def recorder(index):
+        def forward(*args, **kwargs):
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            calls[-1].append((args[1:], kwargs))
+            if index == 0:
+                firsts.append(hidden)
+            return hidden
+        return forward
+
+    decoder, device = model.get_decoder(), next(model.parameters()).device
+    for index, block in enumerate(blocks):
+        block.forward = recorder(index)
+    try:
+        for row in samples:
+            calls.append([])
+            decoder(input_ids=row[None].to(device), use_cache=False)
+    finally:
+        for block in blocks:
+            del block.forward
+    return firsts, [list(per_block) for per_block in zip(*calls)]
+
+
+def run_block(block, hidden: torch.Tensor, call: tuple) -> torch.Tensor:
+    args, kwargs = call
+    out = block(hidden, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def input_grams(block, linears: dict[str, torch.nn.Linear], hiddens: list[torch.Tensor], calls: list[tuple]
+                ) -> dict[str, torch.Tensor]:
+    """X^T X / tokens (float64) of each Linear's inputs while the block runs on every sample:
+    SparseGPT's layer Hessian up to a constant factor, which its update does not depend on."""
+    grams = {name: torch.zeros(lin.in_features, lin.in_features, dtype=torch.float64, device=lin.weight.device)
+             for name, lin in linears.items()}
+    tokens = dict.fromkeys(linears, 0)
+
+    def observe(name, x):
+        x = x.float()
+        grams[name] += (x.T @ x).double()
+        tokens[name] += x.shape[0]
+
+    with input_hooks(linears, observe):
+        for hidden, call in zip(hiddens, calls):
+            run_block(block, hidden, call)
+    return {name: gram / max(tokens[name], 1) for name, gram in grams.items()}

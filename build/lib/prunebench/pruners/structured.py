@@ -1,0 +1,76 @@
+"""What structured pruners share: calibration batches, a loss, and the report of what a change of
+shapes bought (parameters and FLOPs removed, beside the ratio in the pruner's own unit)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from prunebench.bench.flops import forward_flops
+from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.base import Pruner
+
+
+def calibration_batches(loaded: LoadedModel, calib, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Batches as dicts of model inputs.
+
+    A calibration source with labels (one that has `batches(loaded, batch_size)`, e.g. a task's
+    training split for a classifier) supplies its own dicts: `input_ids`/`attention_mask`/`labels`
+    for text, `pixel_values`/`labels` for images. Plain text windows (`samples(tokenizer)`) become
+    token batches; a causal LM's windows are labelled with themselves (the LM loss)."""
+    if hasattr(calib, "batches"):
+        return list(calib.batches(loaded, batch_size))
+    ids = calib.samples(loaded.tokenizer).to(loaded.device)
+    labelled = loaded.family == "causal_lm"
+    return [{"input_ids": chunk, **({"labels": chunk} if labelled else {})} for chunk in ids.split(batch_size)]
+
+
+def model_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+    if "pixel_values" in batch:  # timm models take the image tensor positionally, and no labels
+        return model(batch["pixel_values"])
+    return model(**batch)
+
+
+def observe(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+    """A forward pass for hooks to watch, without the LM or task head where transformers can
+    leave it out (`get_decoder()`): on a small LM with a large vocabulary the head is most of
+    the cost, and no statistic needs it."""
+    if "pixel_values" in batch:
+        return model(batch["pixel_values"])
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return body(**{k: v for k, v in batch.items() if k != "labels"})
+
+
+def model_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loss a gradient scorer differentiates: the model's own (LM or task loss, computed by
+    transformers from `labels`), or cross-entropy on a vision model's logits."""
+    if "labels" not in batch:
+        raise ValueError("a gradient scorer needs labelled calibration batches: an LM loss for causal LMs, a "
+                         "task loss for classifiers (an encoder without a task head has no loss to differentiate)")
+    out = model_outputs(model, batch)
+    if isinstance(out, torch.Tensor):
+        return F.cross_entropy(out, batch["labels"])
+    if out.loss is None:
+        raise ValueError(f"{type(model).__name__} computes no loss from `labels`; give it a task head")
+    return out.loss
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class StructuredPruner(Pruner):
+    """A pruner that changes shapes. `prune` returns the ratio in its own unit (`sparsity/actual`)
+    and anything else it measured; `apply` adds the fraction of the model's parameters and forward
+    FLOPs it removed, and the FLOPs left (per token for text, per image for vision)."""
+
+    def prune(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float | str]:
+        raise NotImplementedError
+
+    def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float | str]:
+        params, flops = count_params(loaded.model), forward_flops(loaded)
+        stats = self.prune(loaded, scores, sparsity)
+        after = forward_flops(loaded)
+        (name, value), = after.items()
+        return {**stats, "sparsity/params": 1 - count_params(loaded.model) / params, name: value,
+                "sparsity/flops": 1 - value / flops[name]}

@@ -1,0 +1,1 @@
+"""Tables and plots over a whole grid of MLflow runs."""

@@ -1,0 +1,50 @@
+"""A report folder: results.md, results.csv and the plots, for an experiment or one sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import mlflow
+
+from prunebench.report import plots
+from prunebench.report.suites import suite_tables
+from prunebench.report.table import ID_COLUMNS, TRAILING, load_runs, results_table, to_markdown
+
+
+def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: list[str] | None = None) -> Path:
+    """`suites`: the suites to average across single-task runs (None: each with runs of two of its tasks)."""
+    runs = load_runs(experiment, sweep_run_id)
+    if runs.empty:
+        raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
+                          + (f" in sweep {sweep_run_id}" if sweep_run_id else ""))
+    table = results_table(runs)
+    summaries = suite_tables(runs, suites)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = [to_markdown(table)]
+    for suite, summary in summaries.items():
+        sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
+        summary.to_csv(out / f"suite_{suite}.csv", index=False)
+    (out / "results.md").write_text("\n\n".join(sections) + "\n")
+    table.to_csv(out / "results.csv", index=False)
+    task_columns = [c for c in table.columns if c not in ID_COLUMNS + TRAILING]
+    figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns)}
+    for suite, summary in summaries.items():
+        complete = summary[~summary.partial]  # an average over fewer tasks is no point on the same curve
+        if not complete.empty:
+            figures[f"suite_{suite}_vs_sparsity.png"] = plots.metric_vs_sparsity(
+                complete, [c for c in ("avg/score", "stability/avg") if c in complete])
+    if "stability/avg" in table:
+        figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table)
+    if "latency/median_s" in table:
+        figures["latency_vs_quality.png"] = plots.latency_vs_quality(table)
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+    return out
+
+
+def latest_sweep(experiment: str) -> str | None:
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="tags.`prunebench.sweep` = 'true'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return None if runs.empty else runs.run_id[0]

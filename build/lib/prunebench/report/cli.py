@@ -1,0 +1,47 @@
+"""`prunebench-report`: an experiment's grid (or one sweep's) as a Markdown table, CSV and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import mlflow
+
+from prunebench.report.build import latest_sweep, write_report
+from prunebench.tracking.store import tracking_uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prunebench-report", description=__doc__)
+    parser.add_argument("--experiment", default="prunebench", help="MLflow experiment name")
+    parser.add_argument("--sweep", default=None, help="only the jobs of this sweep: its parent run id, or 'latest'")
+    parser.add_argument("--out", default="reports/latest", help="folder for results.md, results.csv and plots")
+    parser.add_argument("--suite", action="append", default=None, metavar="NAME",
+                        help="average this suite (e.g. glue) across its single-task runs; repeatable "
+                             "(default: every suite with single-task runs of at least two of its tasks)")
+    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    args = parser.parse_args(argv)
+    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    if mlflow.get_experiment_by_name(args.experiment) is None:
+        print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
+              file=sys.stderr)
+        return 2
+    sweep = latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
+    try:
+        out = write_report(args.experiment, sweep, Path(args.out), args.suite)
+    except ValueError as err:
+        print(f"prunebench-report: {err}", file=sys.stderr)
+        return 2
+    except LookupError as err:
+        print(f"prunebench-report: {err}", file=sys.stderr)
+        return 1
+    print((out / "results.md").read_text(), end="")
+    print(f"\n(written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
+    if sweep:
+        mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Suite averages across runs. HIES prunes a different fine-tuned checkpoint per GLUE task, so each
+job evaluates one task and no run holds the GLUE average; here the single-task runs of a suite's
+member tasks are pooled per pruner and sparsity, and their primary metrics averaged as the suite's
+`avg/score` averages them when one run evaluates every task."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from prunebench.configs import CONF_DIR
+from prunebench.report.table import dense_first
+
+POOLED = "(one per task)"
+# runs without the tag predate the choice of protocol: lm-eval's was the only one for single tasks
+DEFAULT_PROTOCOL = "lm_eval"
+
+
+def suite_members(conf_dir: str = CONF_DIR) -> dict[str, list[str]]:
+    """{suite: its task names} for every `task` option evaluating more than one task, composed by
+    Hydra as a job composes it, whether the suite lists task options or task definitions. An option
+    whose defaults list names fewer than two configs cannot be a suite and is not composed (composing
+    is the slow part). Inside a running Hydra app (a sweep's end) the app's config is used."""
+    candidates = [path.stem for path in sorted((Path(conf_dir) / "task").glob("*.yaml"))
+                  if sum(entry != "_self_" for entry in OmegaConf.load(path).get("defaults") or []) > 1]
+    running = GlobalHydra.instance().is_initialized()
+    with nullcontext() if running else initialize_config_dir(str(conf_dir), version_base="1.3"):
+        options = [compose(f"task/{name}").task for name in candidates]
+    return {str(option.name): list(option.tasks) for option in options if len(option.get("tasks") or {}) > 1}
+
+
+def single_task_results(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run that evaluated exactly one task: its identity (with whose prompts and scoring
+    ran), the task, the task's primary metric (as the run's avg tag names it), that metric's value and
+    the task's stability."""
+    rows = []
+    for _, run in runs.iterrows():
+        primary = json.loads(run.get("tags.prunebench.avg_metrics") or "{}")
+        if len(primary) != 1:
+            continue
+        (task, metric), = primary.items()
+        protocol = run.get("tags.prunebench.protocol")
+        rows.append({"model": run["tags.prunebench.model"],
+                     "protocol": protocol if isinstance(protocol, str) and protocol else DEFAULT_PROTOCOL,
+                     "pruner": run["tags.prunebench.pruner"],
+                     "sparsity": float(run["tags.prunebench.sparsity"]), "task": task, "column": f"{task}/{metric}",
+                     "value": run.get(f"metrics.{task}/{metric}"), "stability": run.get(f"metrics.stability/{task}")})
+    return pd.DataFrame(rows, columns=["model", "protocol", "pruner", "sparsity", "task", "column", "value",
+                                       "stability"])
+
+
+def suite_tables(runs: pd.DataFrame, only: list[str] | None = None, members: dict[str, list[str]] | None = None
+                 ) -> dict[str, pd.DataFrame]:
+    """{suite: `suite_table`}. By default a suite gets a table when single-task runs of at least two
+    of its tasks exist (one task's runs would repeat the results table); `only` asks for given
+    suites, each needing at least one. `members`: the task options' suites by default."""
+    results = single_task_results(runs)
+    if not only and results.task.nunique() < 2:
+        return {}
+    members = suite_members() if members is None else members
+    unknown = sorted(set(only or ()) - set(members))
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; suites (task options listing several tasks): "
+                         f"{sorted(members)}")
+    tables = {}
+    for suite in only or members:
+        rows = results[results.task.isin(members[suite])]
+        if rows.task.nunique() >= (1 if only else 2):
+            tables[suite] = suite_table(rows, members[suite])
+        elif only:
+            raise LookupError(f"suite {suite}: no FINISHED single-task run of its tasks {members[suite]}")
+    return tables
+
+
+def suite_table(rows: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+    """One row per model x pruner x sparsity. A model that ran several of the suite's tasks gets rows
+    of its own; models that ran one task each (a fine-tuned checkpoint per task) share rows, model
+    `(one per task)`; runs under another protocol (OpenCompass's) never share a row with lm-eval's
+    (column `protocol` unless all are lm-eval's). A task's cell is its runs' mean (`runs` counts
+    them); `avg/score` averages the tasks present, `partial` says some are missing, `missing` which;
+    `stability/avg` averages their stabilities (each run against its own dense run), undefined when
+    one is, as a job's own."""
+    tasks_per_model = rows.groupby("model").task.nunique()
+    rows = rows.assign(model=rows.model.map(lambda m: m if tasks_per_model[m] > 1 else POOLED))
+    columns = [c for t in tasks for c in dict.fromkeys(rows.column[rows.task == t])]
+    table = []
+    for (model, protocol, pruner, sparsity), group in rows.groupby(["model", "protocol", "pruner", "sparsity"]):
+        values = group.groupby("column").value.mean()
+        present = [t for t in tasks if t in set(group.task)]
+        table.append({"model": model, "protocol": protocol, "pruner": pruner, "sparsity": sparsity,
+                      **values.to_dict(),
+                      "avg/score": values.mean(),
+                      "stability/avg": group.groupby("task").stability.mean().mean(skipna=False),
+                      "tasks": f"{len(present)}/{len(tasks)}", "partial": len(present) < len(tasks),
+                      "missing": " ".join(t for t in tasks if t not in present), "runs": len(group)})
+    table = pd.DataFrame(table, columns=["model", "protocol", "pruner", "sparsity", *columns, "avg/score",
+                                         "stability/avg", "tasks", "partial", "missing", "runs"])
+    table = table.sort_values(["model", "protocol", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
+    if set(rows.protocol) == {DEFAULT_PROTOCOL}:
+        table = table.drop(columns="protocol")
+    return table.dropna(axis=1, how="all")

@@ -1,0 +1,209 @@
+"""A `generate_until` task, built the way lm-eval builds that output type (spec §2.7, §3.5): each
+document becomes one prompt (description, few-shot exemplars, the document), the model generates
+greedily until a stop string, answer filters turn the text into answers, exact match scores them.
+
+Tasks that share their generation settings can be evaluated as one `TaskGroup`: their requests are
+batched together and the group reports a size-weighted (lm-eval) or plain (OpenCompass) mean."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prunebench.tasks.sources import DocSource
+from prunebench.tasks.template import resolve
+
+
+class AnswerFilter(Protocol):
+    def __call__(self, response: str, doc: dict) -> str: ...
+
+
+class TakeFirst:
+    """The raw generation (lm-eval's `take_first` over a single response)."""
+
+    def __call__(self, response: str, doc: dict) -> str:
+        return response
+
+
+@dataclass
+class Regex:
+    """lm-eval's `regex` filter: match `group_select` of all matches; of a match with several groups
+    the first non-empty one; stripped; `fallback` when nothing matches."""
+
+    pattern: str
+    group_select: int = 0
+    fallback: str = "[invalid]"
+
+    def __post_init__(self):
+        self._regex = re.compile(self.pattern)
+
+    def __call__(self, response: str, doc: dict) -> str:
+        found = self._regex.findall(response)
+        if not found:
+            return self.fallback
+        match = found[self.group_select]
+        if isinstance(match, tuple):
+            match = next((m for m in match if m), self.fallback)
+        return match.strip()
+
+
+@dataclass
+class ExactMatch:
+    """lm-eval's `exact_match` (HF evaluate's): each ignored regex removed from both strings in
+    order, then both lower-cased when `ignore_case`."""
+
+    ignore_case: bool = False
+    regexes_to_ignore: list[str] = field(default_factory=list)
+
+    def __call__(self, prediction: str, reference: str) -> float:
+        for pattern in self.regexes_to_ignore:
+            prediction, reference = re.sub(pattern, "", prediction), re.sub(pattern, "", reference)
+        if self.ignore_case:
+            import numpy as np
+
+            # numpy's case mapping, as lm-eval's (str.lower differs on a few letters such as "İ")
+            prediction, reference = np.char.lower([prediction, reference]).tolist()
+        return float(prediction == reference)
+
+
+@dataclass
+class Request:
+    """One document as a generation request of the member task `task`."""
+
+    task: str
+    doc_id: int
+    doc: dict
+    prompt: str
+    target: str
+
+
+@dataclass
+class GenerateUntilTask:
+    """`filters` maps each metric name to the filter whose answer it scores (the first one is the
+    headline); `target_filter` normalises the reference too (OpenCompass's option letters).
+    `fewshot`: exemplar documents, rendered with the same templates, `target_delimiter` between
+    question and answer and `fewshot_delimiter` after each."""
+
+    name: str
+    source: DocSource
+    doc_to_text: str
+    doc_to_target: str = "{{target}}"
+    description: str = ""
+    fewshot: list[dict] = field(default_factory=list)
+    target_delimiter: str = " "
+    fewshot_delimiter: str = "\n\n"
+    until: list[str] = field(default_factory=list)
+    max_gen_toks: int = 256
+    filters: dict[str, AnswerFilter] = field(default_factory=lambda: {"exact_match": TakeFirst()})
+    metric: ExactMatch = field(default_factory=ExactMatch)
+    target_filter: AnswerFilter | None = None
+    primary: str | None = None
+
+    lower_is_better = False
+
+    def __post_init__(self):
+        self.until = list(self.until)
+        self.primary = self.primary or next(iter(self.filters))
+        if self.primary not in self.filters:
+            raise ValueError(f"task {self.name}: primary={self.primary!r} must be one of {list(self.filters)}")
+        if self.max_gen_toks < 1:
+            raise ValueError(f"task {self.name}: max_gen_toks={self.max_gen_toks} must be positive")
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(self.filters)
+
+    def check(self) -> None:
+        self.source.check()
+
+    def docs(self, limit: int | None = None) -> list[dict]:
+        docs = self.source.load()
+        return docs[:limit] if limit else docs
+
+    def prompt(self, doc: dict) -> str:
+        shots = "".join(resolve(self.doc_to_text, ex) + self.target_delimiter + str(resolve(self.doc_to_target, ex))
+                        + self.fewshot_delimiter for ex in self.fewshot)
+        return self.description + shots + resolve(self.doc_to_text, doc)
+
+    def requests(self, limit: int | None = None) -> list[Request]:
+        return [Request(self.name, i, doc, self.prompt(doc), str(resolve(self.doc_to_target, doc)))
+                for i, doc in enumerate(self.docs(limit))]
+
+    def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
+        """(the filtered answer of each metric, each metric's value)."""
+        target = self.target_filter(request.target, request.doc) if self.target_filter else request.target
+        answers = {name: f(response, request.doc) for name, f in self.filters.items()}
+        return answers, {name: self.metric(answer, target) for name, answer in answers.items()}
+
+    def evaluation(self, loaded, limit: int | None, options) -> tuple:
+        return generation_evaluation([self], None, loaded, limit, options)
+
+
+def mean_stderr(values: list[float]) -> float:
+    """lm-eval's mean_stderr: sample standard deviation (n - 1) over sqrt(n)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+@dataclass
+class TaskGroup:
+    """Member tasks evaluated in one test loop, reported per member and as a group: the mean
+    weighted by each member's evaluated documents (`weight_by_size`, lm-eval's group score) or the
+    plain mean of the member scores (OpenCompass's summariser)."""
+
+    name: str
+    tasks: list[GenerateUntilTask]
+    weight_by_size: bool = True
+
+    lower_is_better = False
+
+    def __post_init__(self):
+        if not self.tasks:
+            raise ValueError(f"task group {self.name} has no member tasks")
+        first = self.tasks[0]
+        for task in self.tasks[1:]:
+            if (task.until, task.max_gen_toks, task.metrics) != (first.until, first.max_gen_toks, first.metrics):
+                raise ValueError(f"task group {self.name}: {task.name} differs from {first.name} in stop strings, "
+                                 f"max_gen_toks or metrics; a group's requests are generated together")
+
+    @property
+    def metrics(self) -> list[str]:
+        return self.tasks[0].metrics
+
+    @property
+    def primary(self) -> str:
+        return self.tasks[0].primary
+
+    def check(self) -> None:
+        for task in self.tasks:
+            task.check()
+
+    def aggregate(self, means: list[float], stderrs: list[float], sizes: list[int]) -> tuple[float, float]:
+        """(group score, its standard error): lm-eval's pooled_sample_stderr for the size-weighted
+        mean, sqrt(sum se^2) / k for the plain one."""
+        if self.weight_by_size:
+            total = sum(sizes)
+            score = sum(m * n for m, n in zip(means, sizes)) / total
+            if total <= len(sizes):
+                return score, float("nan")
+            pooled = sum((n - 1) * se ** 2 * n for se, n in zip(stderrs, sizes)) / (total - len(sizes))
+            return score, math.sqrt(pooled / total)
+        return sum(means) / len(means), math.sqrt(sum(se ** 2 for se in stderrs)) / len(stderrs)
+
+    def evaluation(self, loaded, limit: int | None, options) -> tuple:
+        return generation_evaluation(self.tasks, self, loaded, limit, options)
+
+
+def generation_evaluation(tasks: list[GenerateUntilTask], group: TaskGroup | None, loaded, limit: int | None,
+                          options) -> tuple:
+    from prunebench.evaluation.generation import GenerationDataModule, GenerationModule
+
+    first = tasks[0]
+    data = GenerationDataModule(tasks, loaded.tokenizer, loaded.max_length, first.max_gen_toks, limit=limit,
+                                batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+    return data, GenerationModule(loaded.model, loaded.tokenizer, tasks, group)

@@ -1,0 +1,161 @@
+"""A multiple-choice task under OpenCompass's PPL protocol (spec §5; `PPLInferencer` with
+`HuggingFaceBaseModel.get_ppl`): one complete text per option, question and option together, scored
+by its mean token cross-entropy over the whole sequence; the lowest wins.
+
+That is neither lm-eval's acc (the continuation's summed log-likelihood) nor its acc_norm (per
+character): the shared question dilutes the length normalisation. Prompts are OpenCompass's own,
+e.g. PIQA "The following makes sense: \\nQ: {goal}\\nA: {sol}\\n".
+
+In-context examples (CommonsenseQA's config has 8) come before the question, each written with the
+same prompt and its gold option, and the whole prompt list is flattened as OpenCompass flattens it for
+a base model. Which examples: OpenCompass picks them with a retriever; its MDL retriever needs a
+second model's search and is not reproduced, so examples are none or drawn as its RandomRetriever
+draws them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from prunebench.tasks.sources import BenchmarkSource, DocSource
+from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
+
+RETRIEVERS = ("none", "random")
+# OpenCompass's BaseRetriever.generate_ice for a per-label template (commonsenseqa_ppl_5545e2's
+# `_ice_template`, prompt_type "origin"): ice_separator "\n" after each example, ice_eos_token "\n"
+# after the last (opencompass/openicl/icl_retriever/icl_base_retriever.py, BaseRetriever defaults).
+# A zero-shot config's ZeroRetriever adds nothing.
+ICE_SEPARATOR = ICE_EOS = "\n"
+
+
+def flatten(parts: list[str]) -> str:
+    """OpenCompass's LMTemplateParser.parse_template without a meta template (a base model): every
+    non-empty item of the prompt list (a round's HUMAN and BOT prompts, the separator strings between
+    examples) joined by "\\n", section markers dropped (opencompass/models/base.py at 3ce9b0a4)."""
+    return "\n".join(part for part in parts if part)
+
+
+@dataclass
+class PPLInstance:
+    doc_id: int
+    texts: list[str]
+    gold: int
+    doc: dict = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class PPLChoiceTask:
+    """`prompt`: a template of one option's whole text; it sees the document's fields and `option`.
+    `n_choices`: keep only documents with exactly this many options (OpenCompass's ARC loader drops
+    the others).
+
+    In-context examples: `fewshot_path` (a train file, read by `fewshot_reader`, or a dataset folder)
+    and `retriever`: `none`, or `random` (`num_fewshot` per document, numpy seeded with `seed`);
+    null = random when there is a train file."""
+
+    name: str
+    source: DocSource
+    prompt: str
+    doc_to_choice: object
+    doc_to_target: object
+    process_docs: str | None = None
+    n_choices: int | None = None
+    metrics: list[str] = field(default_factory=lambda: ["acc"])
+    primary: str = "acc"
+    fewshot_path: str | None = None
+    fewshot_reader: str = "prunebench.tasks.sources.read_records"
+    retriever: str | None = None
+    num_fewshot: int = 8
+    seed: int = 1
+
+    lower_is_better = False
+
+    def __post_init__(self):
+        if list(self.metrics) != ["acc"] or self.primary != "acc":
+            raise ValueError(f"task {self.name}: OpenCompass's PPL protocol has one metric, acc")
+        if self.retriever is None:
+            self.retriever = "random" if self.fewshot_path else "none"
+        if self.retriever not in RETRIEVERS:
+            raise ValueError(f"retriever={self.retriever!r}; valid: {list(RETRIEVERS)} (OpenCompass's MDL "
+                             f"retriever, a search scored by a second model, is not reproduced)")
+        if self.retriever == "random" and not self.fewshot_path:
+            raise ValueError("retriever=random draws in-context examples from a train file: set fewshot_path=FILE")
+        if self.retriever == "random" and self.num_fewshot < 1:
+            raise ValueError(f"num_fewshot={self.num_fewshot} must be >= 1 with retriever=random")
+        self.fewshot = (BenchmarkSource(hub=None, split="train", path=self.fewshot_path, reader=self.fewshot_reader)
+                        if self.retriever == "random" else None)
+
+    def check(self) -> None:
+        self.source.check()
+        if self.fewshot is None:
+            return
+        where = self.fewshot.location()
+        if not where.exists():
+            raise FileNotFoundError(f"fewshot_path: {str(where)!r} does not exist")
+        if where.resolve() == Path(self.source.describe()).expanduser().resolve():
+            raise ValueError(f"fewshot_path={self.fewshot_path!r} is the evaluated file: its in-context "
+                             f"examples would show the model the answers; use the train split")
+        examples = self.examples()
+        if len(examples) < self.num_fewshot:
+            raise ValueError(f"fewshot_path={self.fewshot_path!r} holds {len(examples)} usable examples, "
+                             f"fewer than num_fewshot={self.num_fewshot}")
+        for i, doc in enumerate(examples):
+            if self.gold(doc)[1] < 0:
+                raise ValueError(f"fewshot_path={self.fewshot_path!r}, example {i}: its answer is not among "
+                                 f"its options")
+
+    def prepare(self, docs: list[dict]) -> list[dict]:
+        """The evaluated documents and the in-context examples alike, as OpenCompass's loader
+        prepares every split the same way."""
+        if self.process_docs:
+            docs = import_callable(self.process_docs)(docs)
+        if self.n_choices:
+            docs = [doc for doc in docs if len(resolve_choices(self.doc_to_choice, doc)) == self.n_choices]
+        return docs
+
+    def docs(self, limit: int | None = None) -> list[dict]:
+        docs = self.prepare(self.source.load())
+        return docs[:limit] if limit else docs
+
+    def examples(self) -> list[dict]:
+        return self.prepare(self.fewshot.load()) if self.fewshot else []
+
+    def gold(self, doc: dict) -> tuple[list[str], int]:
+        choices = resolve_choices(self.doc_to_choice, doc)
+        return choices, gold_index(resolve_target(self.doc_to_target, doc, choices), choices)
+
+    def text(self, doc: dict, option: str) -> str:
+        return resolve(self.prompt, {**doc, "option": option})
+
+    def shots(self, n_docs: int, n_examples: int) -> list[list[int]]:
+        """OpenCompass's RandomRetriever.retrieve: np.random.seed(seed), then per document, in order,
+        np.random.choice(len(train), ice_num, replace=False). The draws run in document order, so
+        the first N documents get the same examples whatever `limit` is."""
+        if self.fewshot is None:
+            return [[] for _ in range(n_docs)]
+        rng = np.random.RandomState(self.seed)
+        return [rng.choice(n_examples, self.num_fewshot, replace=False).tolist() for _ in range(n_docs)]
+
+    def instance(self, doc_id: int, doc: dict, shots: list[str] = ()) -> PPLInstance:
+        """`shots`: the in-context examples' texts, each its prompt with its gold option."""
+        context = [part for shot in shots for part in (shot, ICE_SEPARATOR)] + ([ICE_EOS] if shots else [])
+        choices, gold = self.gold(doc)
+        return PPLInstance(doc_id, [flatten([*context, self.text(doc, choice)]) for choice in choices], gold, doc)
+
+    def instances(self, limit: int | None = None) -> list[PPLInstance]:
+        docs, examples = self.docs(limit), self.examples()
+        picks = self.shots(len(docs), len(examples))
+        shot_texts = {}
+        for i in {i for pick in picks for i in pick}:
+            choices, gold = self.gold(examples[i])
+            shot_texts[i] = self.text(examples[i], choices[gold])
+        return [self.instance(i, doc, [shot_texts[j] for j in pick]) for i, (doc, pick) in enumerate(zip(docs, picks))]
+
+    def evaluation(self, loaded, limit: int | None, options) -> tuple:
+        from prunebench.evaluation.sequence_ppl import SequencePPLDataModule, SequencePPLModule
+
+        data = SequencePPLDataModule(self, loaded.tokenizer, loaded.max_length, limit=limit,
+                                     batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+        return data, SequencePPLModule(loaded.model, self.name)

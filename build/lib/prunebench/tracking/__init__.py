@@ -1,0 +1,1 @@
+"""MLflow lifecycle, run identity and stability."""

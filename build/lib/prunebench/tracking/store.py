@@ -1,0 +1,79 @@
+"""One job's MLflow run: skip when already FINISHED, FAILED with its traceback when it breaks."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+KEY_TAG = "prunebench.run_key"
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts beside a SQLite store (mlartifacts/ next to mlflow.db), so one folder holds both."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """Create-or-get that tolerates a parallel job creating the same experiment first."""
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(name)
+    if found:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root(uri))
+    except MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def finished_run(uri: str, exp_id: str, key: str):
+    runs = MlflowClient(uri).search_runs(
+        [exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+@contextmanager
+def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
+    """Yields the active run; an exception ends it FAILED (KILLED on interrupt) with the traceback
+    logged, so no run is ever left RUNNING."""
+    if parent_run_id:
+        tags = {**tags, "mlflow.parentRunId": parent_run_id}
+    run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags)
+    try:
+        yield run
+    except BaseException as err:
+        status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        try:
+            mlflow.log_text(traceback.format_exc(), "traceback.txt")
+            mlflow.set_tag("prunebench.error", f"{type(err).__name__}: {err}"[:5000])
+        finally:
+            mlflow.end_run(status)
+        raise
+    mlflow.end_run("FINISHED")
+
+
+def tracking_uri(configured: str | None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"

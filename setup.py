@@ -1,0 +1,14 @@
+"""Only the package list lives here (everything else is in pyproject.toml). The configs ship inside
+the package as `prunebench.conf` while conf/ stays at the top level, so an installed wheel composes
+the same configs as a checkout; a package mapped from outside src/ is one `packages.find` cannot
+discover, so the list is computed."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+CONF = ["prunebench.conf", *("prunebench.conf." + ".".join(p.relative_to("conf").parts)
+                             for p in sorted(Path("conf").rglob("*")) if p.is_dir())]
+
+setup(packages=find_packages("src") + CONF, package_dir={"": "src", "prunebench.conf": "conf"},
+      package_data={name: ["*.yaml", "*.md"] for name in CONF})
