@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The only torch/torchvision pair whose wheels import together on these machines (see DESIGN.md).
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
-# The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks.
-RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=40
+# The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks, the
+# first LIMIT documents of each (CI runs the same sweep with fewer).
+LIMIT ?= 40
+RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=$(LIMIT)
 
 .PHONY: install test run ui report bench-gpu clean
 
