@@ -6,9 +6,11 @@ import logging
 import os
 import signal
 import sys
+import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log
 from omegaconf import DictConfig
 
 from prunebench.configs import CONF_DIR
@@ -22,16 +24,29 @@ def app(cfg: DictConfig) -> None:
     from prunebench.job import run
     from prunebench.validate import ConfigError
 
+    quiet_libraries()
     overrides = list(HydraConfig.get().overrides.task)
     try:
         run(cfg, overrides, os.environ.get(PARENT_ENV))
     except ConfigError as err:
         log.error("invalid config: %s", err)
-        raise
+        # the message says it all: without the chain of library frames that led to it
+        raise ConfigError(str(err)) from None
     except Exception as err:
         if cfg.fail_fast:  # Hydra's launcher catches Exception per job; SystemExit stops the sweep
             raise SystemExit(f"prunebench: stopping the sweep (fail_fast=true): {err}") from err
         raise
+
+
+def quiet_libraries() -> None:
+    """Lightning sets its logger to INFO and turns its deprecation warnings on when it is imported,
+    which happens after Hydra configured the job's logging: apply that configuration again (with
+    hydra.verbose), and leave the libraries' deprecations to their developers."""
+    hydra_cfg = HydraConfig.get()
+    configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # torch telling Lightning about its own API (LeafSpec), not anything a user set
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(lightning|torch)\.")
 
 
 def main() -> None:

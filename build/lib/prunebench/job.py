@@ -11,6 +11,7 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.evaluation.progress import DocumentProgress
 from prunebench.models.cache import get_model
 from prunebench.tracking import store
 from prunebench.pruners.score_cache import cached_scores
@@ -44,7 +45,9 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
     data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
-    trainer = instantiate(cfg.trainer)
+    # Lightning's own bar counts batches; ours counts documents, shown where Lightning's would be
+    progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
+    trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
     metrics = {key: float(value) for key, value in results.items()}
     for metric in task.metrics:
@@ -67,7 +70,8 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
-    with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
+    start = time.perf_counter()
+    with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id) as active:
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         metrics = execute(cfg, tasks, dense)
@@ -85,7 +89,20 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             else:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
         mlflow.log_metrics(metrics)
+    log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
+             summary(metrics, tasks), active.info.run_id, uri)
     return metrics
+
+
+def summary(metrics: dict[str, float], tasks: dict) -> str:
+    """The numbers a sweep's reader scans for: each task's primary metric (the first few), then the
+    averages and what the pruning achieved."""
+    keys = [f"{name}/{task.primary}" for name, task in tasks.items()]
+    shown = [f"{key}={metrics[key]:.4g}" for key in keys[:4]]
+    if len(keys) > 4:
+        shown.append(f"... {len(keys) - 4} more")
+    shown += [f"{key}={metrics[key]:.4g}" for key in ("avg/score", "stability/avg", "sparsity/actual") if key in metrics]
+    return " ".join(shown)
 
 
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:

@@ -66,6 +66,7 @@ def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_r
         yield run
     except BaseException as err:
         status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        log.error("%s %s: %s: %s (run %s)", status, run_name, type(err).__name__, err, run.info.run_id)
         try:
             mlflow.log_text(traceback.format_exc(), "traceback.txt")
             mlflow.set_tag("prunebench.error", f"{type(err).__name__}: {err}"[:5000])
