@@ -38,6 +38,8 @@ def test_dense_then_pruned_job_logs_metrics_tags_artifacts_and_stability(store):
     assert pruned_run["tags.prunebench.task"] == "local_mc"
     assert pruned_run["tags.hydra.overrides"] == "sparsity=0.5"
     assert pruned_run["tags.git.sha"]
+    assert json.loads(pruned_run["tags.prunebench.stability_tasks"]) == ["local_mc"]
+    assert json.loads(pruned_run["tags.prunebench.stability_excluded"]) == {}
     assert pruned_run["params.pruner.name"] == "magnitude"
     client = MlflowClient(store)
     arts = {a.path for a in client.list_artifacts(pruned_run.run_id)} | {

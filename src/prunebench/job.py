@@ -79,15 +79,18 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in tasks.items()}))
         metrics["avg/score"] = sum(primary.values()) / len(primary)
         lower = frozenset(n for n, t in tasks.items() if t.lower_is_better)
-        if dense:
-            metrics.update(stability(primary, primary, lower))
-        else:
+        dense_primary = primary
+        if not dense:
             dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
-            if dense_run:
-                dense_primary = {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
-                metrics.update(stability(primary, {n: v for n, v in dense_primary.items() if v is not None}, lower))
-            else:
+            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
+            if dense_run is None:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
+        if dense_primary:
+            values, excluded = stability(primary, dense_primary, lower)
+            metrics.update(values)
+            # which tasks the stability average is over, and why any other task has no stability
+            mlflow.set_tags({"prunebench.stability_tasks": json.dumps([n for n in primary if n not in excluded]),
+                             "prunebench.stability_excluded": json.dumps(excluded)})
         mlflow.log_metrics(metrics)
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
              summary(metrics, tasks), active.info.run_id, uri)
