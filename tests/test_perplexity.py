@@ -113,3 +113,11 @@ def test_gemma_wikitext2_perplexity_is_sane():
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     ppl = trainer.test(module, datamodule=data, verbose=False)[0]["wikitext2_ppl/ppl"]
     assert 5 < ppl < 100
+
+
+@pytest.mark.parametrize("task", ["wikitext2_ppl", "c4_ppl"])
+def test_default_windows_are_the_papers_2048_tokens_capped_at_the_context(task):
+    from hydra.utils import instantiate
+
+    ppl = instantiate(compose_cfg(["model=gemma3-270m", f"task={task}"]).task.tasks[task], _convert_="all")
+    assert ppl.window_length(32768) == 2048 and ppl.window_length(512) == 512
