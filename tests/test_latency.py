@@ -39,6 +39,21 @@ def test_protocol_counts_forwards_and_excludes_warmups(monkeypatch):
     assert tags["bench.mode"] == "eager-static-cache" and tags["bench.protocol"].startswith("12 in / 128 out / bs 1")
 
 
+@pytest.mark.parametrize(("name", "top_k", "experts"), [("tiny-mixtral", 2, 8), ("tiny-olmoe", 2, 8),
+                                                     ("tiny-qwen2-moe", 2, 8)])
+def test_moe_floor_reads_only_the_routed_experts(name, top_k, experts):
+    from prunebench.models.cache import get_model
+    from prunebench.models.experts import fused_experts
+
+    model = get_model(compose_cfg([f"model={name}"]).model).model
+    expert_bytes = sum(p.numel() * p.element_size() for m in model.modules() for p in fused_experts(m).values())
+    everything = weight_bytes_per_token(model, experts_per_token=experts)  # as if every expert were read
+    assert weight_bytes_per_token(model) == pytest.approx(everything - expert_bytes * (1 - top_k / experts))
+    assert weight_bytes_per_token(model, 3.5) == pytest.approx(everything - expert_bytes * (1 - 3.5 / experts))
+    if name == "tiny-mixtral":  # the measurement: every expert counted overstated the floor 2.4x
+        assert everything / weight_bytes_per_token(model) == pytest.approx(2.4, abs=0.05)
+
+
 def test_summary_statistics():
     got = summarize([5.0, 1.0, 2.0, 4.0, 3.0])
     assert got["median_s"] == 3.0 and got["mean_s"] == 3.0

@@ -9,7 +9,8 @@ import torch
 from conftest import compose_cfg
 from prunebench.models.cache import get_model
 from prunebench.pruners.activations import input_square_sums
-from prunebench.pruners.matrices import eager_experts, fused_experts
+from prunebench.models.experts import fused_experts
+from prunebench.pruners.matrices import eager_experts
 from prunebench.pruners.unstructured import MagnitudePruner, RandomPruner, SparseGPTPruner, WandaPruner
 from test_unstructured import calib
 

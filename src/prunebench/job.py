@@ -145,7 +145,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark
 
-        bench_metrics, bench_tags = benchmark(cfg, loaded, dense)
+        routed = [metrics[f"{name}/experts_per_token"] for name in tasks if f"{name}/experts_per_token" in metrics]
+        bench_metrics, bench_tags = benchmark(cfg, loaded, dense, sum(routed) / len(routed) if routed else None)
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
     return metrics

@@ -1,10 +1,9 @@
 """The weight matrices unstructured pruners prune, and how their inputs are observed.
 
 A block's matrices are its Linear weights and, in mixture-of-experts blocks, every routed expert's
-own matrices: transformers 5 stores experts fused as 3-D parameters ([experts, out, in], e.g.
-`mlp.experts.gate_up_proj` and `down_proj`) that no `nn.Linear` holds, so a pruner looking for
-Linears alone never touched them (5.5% of tiny-mixtral's block weights zeroed at sparsity 0.5).
-Each expert slice is a view, so masking it in place prunes the model."""
+own matrices, slices of the fused expert parameters (models/experts.py) that no `nn.Linear` holds:
+a pruner looking for Linears alone never touched them (5.5% of tiny-mixtral's block weights zeroed
+at sparsity 0.5). Each expert slice is a view, so masking it in place prunes the model."""
 
 from __future__ import annotations
 
@@ -12,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from prunebench.models.experts import fused_experts
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,15 +27,6 @@ class Matrix:
     @property
     def in_features(self) -> int:
         return self.weight.shape[1]
-
-
-def fused_experts(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """A transformers experts module's 3-D expert parameters ([num_experts, out, in]; its biases
-    are 2-D and stay as they are)."""
-    n = getattr(module, "num_experts", None)
-    if n is None:
-        return {}
-    return {name: p for name, p in module.named_parameters(recurse=False) if p.ndim == 3 and p.shape[0] == n}
 
 
 def block_matrices(block: torch.nn.Module) -> dict[str, Matrix]:
