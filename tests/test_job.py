@@ -105,3 +105,27 @@ def test_cli_multirun_sweeps_a_grid(store):
     # none@0.3 and none@0.5 share the dense run key: 3 runs, all FINISHED
     assert len(df) == 3 and set(df.status) == {"FINISHED"}
     assert sorted(df["tags.prunebench.sparsity"]) == ["0.0", "0.3", "0.5"]
+
+
+def test_remote_code_stays_off_unless_set_and_is_a_tag_when_set(monkeypatch):
+    import transformers
+
+    from prunebench.job import job_tags
+    from prunebench.models.hf_causal import load_causal_lm
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(path, **kwargs):
+        seen.append(kwargs["trust_remote_code"])
+        raise Stop
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    for overrides in ([], ["model.trust_remote_code=true"]):
+        cfg = compose_cfg(["model=hf_causal", "model.path=/models/x", *overrides])
+        with pytest.raises(Stop):
+            load_causal_lm(**{k: v for k, v in cfg.model.items() if k != "_target_"})
+        assert ("prunebench.trust_remote_code" in job_tags(cfg, "k", [])) == bool(overrides)
+    assert seen == [False, True]

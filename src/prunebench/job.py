@@ -40,7 +40,9 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
             "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
             # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
-            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {})}
+            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {}),
+            # a checkpoint's own code ran: worth seeing beside its numbers
+            **({"prunebench.trust_remote_code": "true"} if cfg.model.get("trust_remote_code") else {})}
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
