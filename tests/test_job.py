@@ -10,7 +10,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_MC, compose_cfg
+from conftest import MC_FIXTURE, TINY_MC, compose_cfg
 from prunebench.job import run
 from prunebench.validate import ConfigError
 
@@ -129,3 +129,28 @@ def test_remote_code_stays_off_unless_set_and_is_a_tag_when_set(monkeypatch):
             load_causal_lm(**{k: v for k, v in cfg.model.items() if k != "_target_"})
         assert ("prunebench.trust_remote_code" in job_tags(cfg, "k", [])) == bool(overrides)
     assert seen == [False, True]
+
+
+def test_a_job_that_dies_on_a_later_task_keeps_the_finished_tasks_metrics(store, monkeypatch, tmp_path):
+    import prunebench.job as job
+
+    second = tmp_path / "second.jsonl"
+    second.write_text(MC_FIXTURE.read_text())
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = compose_cfg([*TINY_MC, "pruner=none"])
+    with open_dict(cfg):  # a two-task suite: the fixture twice, under two names
+        cfg.task.tasks.second = OmegaConf.merge(cfg.task.tasks.local_mc, {"name": "second", "source": {"path": str(second)}})
+    evaluate = job.evaluate_task
+
+    def dies_on_second(cfg, loaded, name, task):
+        if name == "second":
+            raise RuntimeError("the node went away")
+        return evaluate(cfg, loaded, name, task)
+
+    monkeypatch.setattr(job, "evaluate_task", dies_on_second)
+    with pytest.raises(RuntimeError, match="node went away"):
+        run(cfg)
+    failed = runs(store).iloc[0]
+    assert failed.status == "FAILED"
+    assert failed["metrics.local_mc/acc_norm"] >= 0 and "metrics.second/acc_norm" not in failed
