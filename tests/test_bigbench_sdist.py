@@ -24,7 +24,7 @@ def sdist_bytes() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         blob = json.dumps(TASK).encode()
-        info = tarfile.TarInfo(f"bigbench-1.0.0/bigbench/benchmark_tasks/tiny/task.json")
+        info = tarfile.TarInfo(f"{bigbench_sdist.PROJECT}-{bigbench_sdist.VERSION}/bigbench/benchmark_tasks/tiny/task.json")
         info.size = len(blob)
         tar.addfile(info, io.BytesIO(blob))
     return buf.getvalue()
@@ -44,10 +44,10 @@ def index(tmp_path, monkeypatch):
     (root / "simple" / "bigbench").mkdir(parents=True)
     (root / "files").mkdir()
     blob = sdist_bytes()
-    (root / "files" / "bigbench-1.0.0.tar.gz").write_bytes(blob)
+    (root / "files" / bigbench_sdist.SDIST).write_bytes(blob)
     digest = hashlib.sha256(blob).hexdigest()
     (root / "simple" / "bigbench" / "index.html").write_text(
-        f'<html><body><a href="../../files/bigbench-1.0.0.tar.gz#sha256={digest}">bigbench-1.0.0.tar.gz</a>'
+        f'<html><body><a href="../../files/{bigbench_sdist.SDIST}#sha256={digest}">{bigbench_sdist.SDIST}</a>'
         f'<a href="../../files/bigbench-0.0.1.tar.gz">bigbench-0.0.1.tar.gz</a></body></html>')
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
@@ -62,8 +62,8 @@ def index(tmp_path, monkeypatch):
 def test_downloads_once_over_the_simple_index_and_extracts(cache, index):
     path, = bigbench_sdist.extract(["tiny/task.json"])
     assert json.loads(path.read_text()) == TASK
-    assert (cache / "downloads" / "bigbench-1.0.0.tar.gz").is_file()
-    (index / "files" / "bigbench-1.0.0.tar.gz").unlink()   # the cached copy serves every later call
+    assert (cache / "downloads" / bigbench_sdist.SDIST).is_file()
+    (index / "files" / bigbench_sdist.SDIST).unlink()   # the cached copy serves every later call
     path.unlink()
     assert json.loads(bigbench_sdist.extract(["tiny/task.json"])[0].read_text()) == TASK
 
@@ -82,11 +82,11 @@ def test_an_unreachable_index_says_how_to_provide_the_file(cache, monkeypatch):
         bigbench_sdist.sdist()
     message = str(err.value)
     assert "http://127.0.0.1:9/simple" in message and bigbench_sdist.SDIST_ENV in message
-    assert str(cache / "downloads" / "bigbench-1.0.0.tar.gz") in message
+    assert str(cache / "downloads" / bigbench_sdist.SDIST) in message
 
 
 def test_a_users_copy_is_used_and_checked(cache, tmp_path, monkeypatch):
-    copy = tmp_path / "bigbench-1.0.0.tar.gz"
+    copy = tmp_path / bigbench_sdist.SDIST
     copy.write_bytes(sdist_bytes())
     monkeypatch.setattr(bigbench_sdist, "SHA256", hashlib.sha256(copy.read_bytes()).hexdigest())
     monkeypatch.setenv(bigbench_sdist.SDIST_ENV, str(copy))
