@@ -57,6 +57,11 @@ def test_unknown_task_is_a_hydra_error_naming_it():
         compose_cfg(["task=nope"])
 
 
+def test_unknown_experiment_is_a_hydra_error_naming_it():
+    with pytest.raises(MissingConfigException, match="experiment/nope"):  # it used to run the default job
+        compose_cfg(["experiment=nope"])
+
+
 def test_valid_config_returns_checked_tasks():
     tasks = validate(compose_cfg(TINY_MC))
     assert list(tasks) == ["local_mc"]
