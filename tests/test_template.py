@@ -1,5 +1,7 @@
 """lm-eval's doc_to_* resolution (spec §1.2), checked on values written out by hand."""
 
+import pytest
+
 from prunebench.tasks.template import gold_index, resolve, resolve_choices, resolve_target
 
 DOC = {"question": "It's \"odd\"?", "choices": {"text": ["it's", 'say "hi"', "x\ny"], "label": ["A", "B", "C"]},
@@ -29,3 +31,11 @@ def test_digit_target_becomes_int_and_label_lookup_works():
 def test_out_of_range_or_unknown_gold_scores_wrong():
     assert gold_index(7, ["a", "b"]) == -100
     assert gold_index("z", ["a", "b"]) == -100
+
+
+def test_templates_render_in_a_sandbox():
+    from jinja2.exceptions import SecurityError
+
+    assert resolve("{{ question.split('?')[0] }}", {"question": "Why? Because"}) == "Why"
+    with pytest.raises(SecurityError):
+        resolve("{{ question.__class__.__mro__[1].__subclasses__() }}", {"question": "q"})

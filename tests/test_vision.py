@@ -154,3 +154,21 @@ def test_hies_on_vit_calibrates_on_a_labelled_train_folder(tmp_path, store):
                                    "pruner=hies", "calib=labelled", "tasks@calib.task=imagenet1k",
                                    f"calib.task.source.root={train}", "calib.n_samples=4", "sparsity=0.25", *QUIET]))
     assert metrics["sparsity/actual"] == 0.25 and 0 <= metrics["imagenet1k/top1"] <= 1
+
+
+def test_a_crafted_cifar_file_cannot_run_code(tmp_path):
+    import os
+
+    from prunebench.tasks.vision import Cifar100Test
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    folder = cifar100(tmp_path) / "cifar-100-python"
+    assert len(Cifar100Test(folder)) == 12  # the real format still loads
+    with open(folder / "test", "wb") as f:
+        pickle.dump({"data": Exploit()}, f)
+    with pytest.raises(pickle.UnpicklingError, match="refuses posix.system|refuses os.system"):
+        Cifar100Test(folder)
+    assert not (tmp_path / "pwned").exists()

@@ -41,9 +41,15 @@ def app(cfg: DictConfig) -> None:
 def quiet_libraries() -> None:
     """Lightning sets its logger to INFO and turns its deprecation warnings on when it is imported,
     which happens after Hydra configured the job's logging: apply that configuration again (with
-    hydra.verbose), and leave the libraries' deprecations to their developers."""
+    hydra.verbose), and leave the libraries' deprecations and progress bars to them."""
+    import datasets
+    import transformers
+
     hydra_cfg = HydraConfig.get()
     configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
+    # their per-file "Loading weights" / "Map" bars would stand between our per-task bars
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # torch telling Lightning about its own API (LeafSpec), not anything a user set
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(lightning|torch)\.")

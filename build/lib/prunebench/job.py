@@ -40,7 +40,9 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
             "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
             # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
-            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {})}
+            **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {}),
+            # a checkpoint's own code ran: worth seeing beside its numbers
+            **({"prunebench.trust_remote_code": "true"} if cfg.model.get("trust_remote_code") else {})}
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
@@ -74,21 +76,24 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id) as active:
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        metrics = execute(cfg, tasks, dense)
+        metrics, logged = execute(cfg, tasks, dense)
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in tasks.items()}
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in tasks.items()}))
         metrics["avg/score"] = sum(primary.values()) / len(primary)
         lower = frozenset(n for n, t in tasks.items() if t.lower_is_better)
-        if dense:
-            metrics.update(stability(primary, primary, lower))
-        else:
+        dense_primary = primary
+        if not dense:
             dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
-            if dense_run:
-                dense_primary = {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
-                metrics.update(stability(primary, {n: v for n, v in dense_primary.items() if v is not None}, lower))
-            else:
+            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
+            if dense_run is None:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
-        mlflow.log_metrics(metrics)
+        if dense_primary:
+            values, excluded = stability(primary, dense_primary, lower)
+            metrics.update(values)
+            # which tasks the stability average is over, and why any other task has no stability
+            mlflow.set_tags({"prunebench.stability_tasks": json.dumps([n for n in primary if n not in excluded]),
+                             "prunebench.stability_excluded": json.dumps(excluded)})
+        mlflow.log_metrics({k: v for k, v in metrics.items() if k not in logged})
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
              summary(metrics, tasks), active.info.run_id, uri)
     return metrics
@@ -105,13 +110,15 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
     return " ".join(shown)
 
 
-def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
-    """The expensive part, reached only with a valid config and no finished run."""
+def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
+    """The expensive part, reached only with a valid config and no finished run. Returns the
+    metrics and the names already logged (each task's, as soon as it finished)."""
     from prunebench.pruners.base import parameter_counts
 
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
+    logged: set[str] = set()
     start = time.perf_counter()
     scores = None
     if not dense:
@@ -133,8 +140,10 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     for name, task in tasks.items():
         pruner.start_task(name)
         task_metrics, records = evaluate_task(cfg, loaded, name, task)
+        task_metrics.update(pruner.task_metrics(name))
+        mlflow.log_metrics(task_metrics)  # now, so a job that dies on a later task keeps this one's
         metrics.update(task_metrics)
-        metrics.update(pruner.task_metrics(name))
+        logged.update(task_metrics)
         for path, artifact in pruner.task_artifacts(name).items():
             (mlflow.log_dict if isinstance(artifact, dict) else mlflow.log_figure)(artifact, path)
         mlflow.log_text("\n".join(json.dumps(r) for r in records), f"predictions/{name}.jsonl")
@@ -142,7 +151,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark
 
-        bench_metrics, bench_tags = benchmark(cfg, loaded, dense)
+        routed = [metrics[f"{name}/experts_per_token"] for name in tasks if f"{name}/experts_per_token" in metrics]
+        bench_metrics, bench_tags = benchmark(cfg, loaded, dense, sum(routed) / len(routed) if routed else None)
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
-    return metrics
+    return metrics, logged

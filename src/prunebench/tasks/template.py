@@ -12,8 +12,10 @@ from importlib import import_module
 from typing import Any, Callable
 
 import jinja2
+from jinja2.sandbox import SandboxedEnvironment
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+# sandboxed: a task file from elsewhere can format documents but not reach Python's internals
+_ENV = SandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
 
 
 @lru_cache(maxsize=None)

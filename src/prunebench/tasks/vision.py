@@ -59,15 +59,36 @@ class TorchvisionSource(ImageSource):
         return getattr(torchvision.datasets, cls)(str(Path(self.root).expanduser()), download=False, **split)
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """CIFAR's files are pickles of dicts, lists, strings and numpy arrays; a pickle naming anything
+    else (a function to call, a class to build) is refused, so a crafted file in a user's data folder
+    cannot run code. No library reads the format without unpickling, hence this short allow-list."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{getattr(self, 'path', 'a CIFAR file')}: refuses {module}.{name}; "
+                                         f"CIFAR-100's files hold only arrays, lists and strings")
+        return super().find_class(module, name)
+
+
+def load_cifar_pickle(path: Path):
+    with open(path, "rb") as handle:
+        unpickler = _ArraysOnly(handle, encoding="latin1")
+        unpickler.path = path
+        return unpickler.load()
+
+
 class Cifar100Test(Sequence):
-    """`cifar-100-python/test` (pickled uint8 rows, fine labels) and `meta` (label names).
-    torchvision's reader also checks the archive's md5 sums, which only the published files pass."""
+    """`cifar-100-python/test` (pickled uint8 rows, fine labels) and `meta` (label names), read
+    without unpickling anything but arrays. torchvision's reader also checks the archive's md5 sums,
+    which only the published files pass."""
 
     def __init__(self, folder: Path):
-        with open(folder / "test", "rb") as handle:
-            data = pickle.load(handle, encoding="latin1")
-        with open(folder / "meta", "rb") as handle:
-            self.classes = pickle.load(handle, encoding="latin1")["fine_label_names"]
+        data = load_cifar_pickle(folder / "test")
+        self.classes = load_cifar_pickle(folder / "meta")["fine_label_names"]
         self.images = data["data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
         self.targets = list(data["fine_labels"])
 

@@ -16,18 +16,28 @@ import time
 import torch
 
 from prunebench.bench.environment import environment_tags, read_bandwidth, synchronize
+from prunebench.models.experts import fused_experts, routed_top_k
 from prunebench.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
 
-def weight_bytes_per_token(model: torch.nn.Module) -> int:
+def weight_bytes_per_token(model: torch.nn.Module, experts_per_token: float | None = None) -> float:
     """Bytes a batch-1 decode step reads: every parameter once, except an untied input embedding
-    table, of which one row is read (a tied table is read whole by the LM head)."""
+    table, of which one row is read (a tied table is read whole by the LM head), and the routed
+    experts, of which a token reads only those it is routed to: `experts_per_token` of each MoE
+    layer's experts (measured, under top-p routing), else the router's top-k. Shared experts are
+    plain MLPs and read whole."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or emb.weight.data_ptr() != head.weight.data_ptr():
         total -= emb.weight.numel() * emb.weight.element_size()
+    routed = experts_per_token or routed_top_k(model)
+    for module in model.modules():
+        for param in fused_experts(module).values():
+            n = param.shape[0]
+            unread = 1 - min(routed or n, n) / n
+            total -= unread * param.numel() * param.element_size()
     return total
 
 
@@ -121,7 +131,8 @@ class GenerateBenchmark:
         return (self.prompt_tokens, self.new_tokens, self.batch_size, self.warmup, self.runs, self.cuda_graph)
 
     @torch.inference_mode()
-    def measure(self, loaded: LoadedModel) -> tuple[dict[str, float], dict[str, str]]:
+    def measure(self, loaded: LoadedModel, experts_per_token: float | None = None
+                ) -> tuple[dict[str, float], dict[str, str]]:
         model, device = loaded.model.eval(), loaded.device
         vocab = model.get_output_embeddings().weight.shape[0]
         prompt = torch.randint(0, vocab, (self.batch_size, self.prompt_tokens),
@@ -139,7 +150,7 @@ class GenerateBenchmark:
         decode_s = statistics.median(decodes)
         steps = self.new_tokens - 1  # the first new token comes out of the prefill
         bandwidth = read_bandwidth(device)
-        floor = steps * weight_bytes_per_token(model) / bandwidth
+        floor = steps * weight_bytes_per_token(model, experts_per_token) / bandwidth
         stats.update({"latency/decode_per_token_s": decode_s / steps, "latency/prefill_s": statistics.median(prefills),
                       "latency/floor_s": floor, "latency/floor_ratio": decode_s / floor,
                       "latency/bandwidth_gbs": bandwidth / 1e9,

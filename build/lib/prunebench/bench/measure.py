@@ -13,7 +13,9 @@ from prunebench.models.loaded import LoadedModel
 _DENSE_MEDIAN: dict[str, float] = {}
 
 
-def benchmark(cfg: DictConfig, loaded: LoadedModel, dense: bool) -> tuple[dict[str, float], dict[str, str]]:
+def benchmark(cfg: DictConfig, loaded: LoadedModel, dense: bool, experts_per_token: float | None = None
+              ) -> tuple[dict[str, float], dict[str, str]]:
+    """`experts_per_token`: what the job's tasks measured under dynamic routing, for the MoE floor."""
     options = OmegaConf.to_container(cfg.bench, resolve=True)
     use_sparse = options.pop("semi_structured", False)
     bench = instantiate(options)
@@ -24,7 +26,10 @@ def benchmark(cfg: DictConfig, loaded: LoadedModel, dense: bool) -> tuple[dict[s
             tags["bench.semi_structured"] = f"not used: {why_not}"
         else:
             tags["bench.semi_structured"] = f"{semi_structured.to_semi_structured(loaded.model)} layers"
-    metrics, env = bench.measure(loaded)
+    measured = {"experts_per_token": experts_per_token} if experts_per_token else {}
+    metrics, env = bench.measure(loaded, **measured)
+    if measured:
+        tags["bench.experts_per_token"] = f"{experts_per_token:.3g} (measured on the tasks, for latency/floor_s)"
     key = OmegaConf.to_yaml(cfg.model, resolve=True) + repr(bench.key()) + env["bench.device_name"]
     if dense:
         _DENSE_MEDIAN[key] = metrics["latency/median_s"]

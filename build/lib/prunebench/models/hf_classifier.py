@@ -17,11 +17,13 @@ def _loaded(model, tokenizer, name: str, family: str, max_length: int | None, in
 
 def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", dtype: str = "float32",
                              device: str = "cpu", max_length: int | None = None,
-                             revision: str | None = None) -> LoadedModel:
+                             revision: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """`trust_remote_code` runs the checkpoint's own Python: off unless the user sets it (a job tag says so)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision)
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision,
+                                                               trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return _loaded(model.to(device).eval(), tokenizer, name, family, max_length, {"path": str(path)})
 
 

@@ -5,36 +5,23 @@ LM head, whose vocabulary dwarfs the rest on small models, never runs."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from prunebench.pruners.base import transformer_blocks
-
-
-@contextmanager
-def input_hooks(linears: dict[str, torch.nn.Linear], observe):
-    """Calls observe(name, x) with each Linear's input, flattened to [tokens, in_features]."""
-    handles = [lin.register_forward_pre_hook(lambda mod, args, name=name: observe(name, args[0].flatten(0, -2)))
-               for name, lin in linears.items()]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+from prunebench.pruners.matrices import Matrix, input_hooks
 
 
 @torch.no_grad()
-def input_square_sums(model, linears: dict[str, torch.nn.Linear], samples: torch.Tensor) -> dict[str, torch.Tensor]:
+def input_square_sums(model, matrices: dict[str, Matrix], samples: torch.Tensor) -> dict[str, torch.Tensor]:
     """sum over calibration tokens of x_j^2 per input feature j of each Linear (Wanda's ||X_j||^2),
     in float64 so long calibration sets do not lose the small features."""
-    sums = {name: torch.zeros(lin.in_features, dtype=torch.float64) for name, lin in linears.items()}
+    sums = {name: torch.zeros(lin.in_features, dtype=torch.float64) for name, lin in matrices.items()}
 
     def observe(name, x):
         sums[name] += x.double().pow(2).sum(0).cpu()
 
     decoder, device = model.get_decoder(), next(model.parameters()).device
-    with input_hooks(linears, observe):
+    with input_hooks(matrices, observe):
         for row in samples:
             decoder(input_ids=row[None].to(device), use_cache=False)
     return sums
@@ -80,20 +67,20 @@ def run_block(block, hidden: torch.Tensor, call: tuple) -> torch.Tensor:
 
 
 @torch.no_grad()
-def input_grams(block, linears: dict[str, torch.nn.Linear], hiddens: list[torch.Tensor], calls: list[tuple]
+def input_grams(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple]
                 ) -> dict[str, torch.Tensor]:
     """X^T X / tokens (float64) of each Linear's inputs while the block runs on every sample:
     SparseGPT's layer Hessian up to a constant factor, which its update does not depend on."""
     grams = {name: torch.zeros(lin.in_features, lin.in_features, dtype=torch.float64, device=lin.weight.device)
-             for name, lin in linears.items()}
-    tokens = dict.fromkeys(linears, 0)
+             for name, lin in matrices.items()}
+    tokens = dict.fromkeys(matrices, 0)
 
     def observe(name, x):
         x = x.float()
         grams[name] += (x.T @ x).double()
         tokens[name] += x.shape[0]
 
-    with input_hooks(linears, observe):
+    with input_hooks(matrices, observe):
         for hidden, call in zip(hiddens, calls):
             run_block(block, hidden, call)
     return {name: gram / max(tokens[name], 1) for name, gram in grams.items()}

@@ -1,5 +1,5 @@
-"""Unstructured and N:M pruning of the Linear weights inside the transformer blocks: magnitude,
-random, Wanda and SparseGPT.
+"""Unstructured and N:M pruning of the weight matrices inside the transformer blocks (Linear
+weights and each routed expert's matrices, see matrices.py): magnitude, random, Wanda and SparseGPT.
 
 Options shared by all: `modules` (attention and/or mlp projections), `skip_layers` (block indices
 left dense) and `pattern` ('N:M': at most N nonzero in every M consecutive inputs of a row, in
@@ -16,14 +16,15 @@ from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
 from prunebench.pruners.base import Pruner, transformer_blocks
 from prunebench.pruners.masks import lowest, lowest_per_row, n_of_m, parse_pattern
+from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 
 MODULES = ("attention", "mlp")
 SCOPES = ("layer", "global", "row")
 
 
 def module_kind(name: str) -> str:
-    """A Linear under a submodule whose name mentions attn/attention is an attention projection
-    (q/k/v/o in Llama, Gemma, BERT); every other Linear of a block is an MLP projection."""
+    """A matrix under a submodule whose name mentions attn/attention is an attention projection
+    (q/k/v/o in Llama, Gemma, BERT); every other matrix of a block (experts included) is MLP."""
     return "attention" if any("attn" in part or "attention" in part for part in name.split(".")) else "mlp"
 
 
@@ -51,17 +52,17 @@ class UnstructuredPruner(Pruner):
                 raise ValueError(f"pruner.pattern='{n}:{m}' removes exactly {(m - n) / m:g} of the weights; "
                                  f"set sparsity={(m - n) / m:g} (or 0 for the dense baseline), not {sparsity}")
 
-    def targets_by_block(self, model: torch.nn.Module) -> list[dict[str, torch.nn.Linear]]:
+    def targets_by_block(self, model: torch.nn.Module) -> list[dict[str, Matrix]]:
         prefix, blocks = transformer_blocks(model)
         return [{} if idx in self.skip_layers else
-                {f"{prefix}.{idx}.{name}": mod for name, mod in block.named_modules()
-                 if isinstance(mod, torch.nn.Linear) and module_kind(name) in self.modules}
+                {f"{prefix}.{idx}.{name}": m for name, m in block_matrices(block).items()
+                 if module_kind(name) in self.modules}
                 for idx, block in enumerate(blocks)]
 
-    def targets(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
-        return {name: lin for block in self.targets_by_block(model) for name, lin in block.items()}
+    def targets(self, model: torch.nn.Module) -> dict[str, Matrix]:
+        return {name: m for block in self.targets_by_block(model) for name, m in block.items()}
 
-    def importance(self, targets: dict[str, torch.nn.Linear], scores) -> dict[str, torch.Tensor]:
+    def importance(self, targets: dict[str, Matrix], scores) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def masks(self, importance: dict[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
@@ -95,9 +96,9 @@ def one_cpu_thread():
         torch.set_num_threads(threads)
 
 
-def sparsity_stats(targets: dict[str, torch.nn.Linear]) -> dict[str, float]:
-    zeros = sum(int((lin.weight == 0).sum()) for lin in targets.values())
-    return {"sparsity/actual": zeros / sum(lin.weight.numel() for lin in targets.values())}
+def sparsity_stats(targets: dict[str, Matrix]) -> dict[str, float]:
+    zeros = sum(int((m.weight == 0).sum()) for m in targets.values())
+    return {"sparsity/actual": zeros / sum(m.weight.numel() for m in targets.values())}
 
 
 class MagnitudePruner(UnstructuredPruner):
@@ -109,7 +110,7 @@ class MagnitudePruner(UnstructuredPruner):
         super().__init__(name, **options)
 
     def importance(self, targets, scores):
-        return {name: lin.weight.abs() for name, lin in targets.items()}
+        return {name: m.weight.abs() for name, m in targets.items()}
 
 
 class RandomPruner(UnstructuredPruner):
@@ -123,7 +124,7 @@ class RandomPruner(UnstructuredPruner):
 
     def importance(self, targets, scores):
         gen = torch.Generator().manual_seed(self.seed)
-        return {name: torch.rand(lin.weight.shape, generator=gen) for name, lin in targets.items()}
+        return {name: torch.rand(m.weight.shape, generator=gen) for name, m in targets.items()}
 
 
 class WandaPruner(UnstructuredPruner):
@@ -131,19 +132,22 @@ class WandaPruner(UnstructuredPruner):
 
     ||X_j|| is measured once on the dense model, so one scoring serves every sparsity. The Wanda
     code instead re-measures each layer's inputs through the layers it has already pruned, which
-    ties its scores to one sparsity."""
+    ties its scores to one sparsity. An expert's norms come from the tokens routed to it; an expert
+    no calibration token reached has no norms, and falls back to |W| (magnitude)."""
 
-    families = frozenset({"causal_lm"})
+    families = frozenset({"causal_lm", "moe"})
     needs_calibration = True
 
     def __init__(self, name: str = "wanda", scope: str = "row", **options):
         super().__init__(name, scope=scope, **options)
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, torch.Tensor]:
-        return input_square_sums(loaded.model, self.targets(loaded.model), calib.samples(loaded.tokenizer))
+        with eager_experts(loaded.model):
+            return input_square_sums(loaded.model, self.targets(loaded.model), calib.samples(loaded.tokenizer))
 
     def importance(self, targets, scores):
-        return {name: lin.weight.abs() * scores[name].sqrt().to(lin.weight)[None, :] for name, lin in targets.items()}
+        return {name: m.weight.abs() * (scores[name].sqrt() if scores[name].any() else torch.ones_like(scores[name])
+                                        ).to(m.weight)[None, :] for name, m in targets.items()}
 
 
 class SparseGPTPruner(UnstructuredPruner):
@@ -153,9 +157,11 @@ class SparseGPTPruner(UnstructuredPruner):
 
     Blocks run in order, each on the outputs of the blocks already pruned, so every Hessian after
     the first depends on the sparsity: nothing sparsity-independent is worth caching beyond the
-    calibration windows, and all the work happens in `apply`."""
+    calibration windows, and all the work happens in `apply`. An expert's Hessian comes from the
+    tokens routed to it; an expert no calibration token reached gets the identity, i.e. magnitude
+    pruning without an update (its all-zero Hessian would otherwise zero every weight)."""
 
-    families = frozenset({"causal_lm"})
+    families = frozenset({"causal_lm", "moe"})
     needs_calibration = True
     cacheable = False
 
@@ -175,17 +181,18 @@ class SparseGPTPruner(UnstructuredPruner):
         _, blocks = transformer_blocks(loaded.model)
         hiddens, calls = block_calls(loaded.model, samples)
         targets = self.targets_by_block(loaded.model)
-        for block, block_targets, block_call in zip(blocks, targets, calls):
-            if block_targets:
-                for name, gram in input_grams(block, block_targets, hiddens, block_call).items():
-                    self.reconstruct(block_targets[name].weight, gram, sparsity)
-            hiddens = [run_block(block, hidden, call) for hidden, call in zip(hiddens, block_call)]
-        return sparsity_stats({n: lin for block_targets in targets for n, lin in block_targets.items()})
+        with eager_experts(loaded.model):
+            for block, block_targets, block_call in zip(blocks, targets, calls):
+                if block_targets:
+                    for name, gram in input_grams(block, block_targets, hiddens, block_call).items():
+                        self.reconstruct(block_targets[name].weight, gram, sparsity)
+                hiddens = [run_block(block, hidden, call) for hidden, call in zip(hiddens, block_call)]
+        return sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
 
     def reconstruct(self, weight: torch.Tensor, gram: torch.Tensor, sparsity: float) -> None:
         """Prune `weight` in place, compensating with the kept weights (SparseGPT's Algorithm 1)."""
         w = weight.detach().double().clone()
-        h = gram.clone()
+        h = gram.clone() if gram.diagonal().any() else torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
         dead = h.diagonal() == 0
         h[dead, dead] = 1
         w[:, dead] = 0

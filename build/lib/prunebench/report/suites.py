@@ -84,8 +84,8 @@ def suite_table(rows: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     `(one per task)`; runs under another protocol (OpenCompass's) never share a row with lm-eval's
     (column `protocol` unless all are lm-eval's). A task's cell is its runs' mean (`runs` counts
     them); `avg/score` averages the tasks present, `partial` says some are missing, `missing` which;
-    `stability/avg` averages their stabilities (each run against its own dense run), undefined when
-    one is, as a job's own."""
+    `stability/avg` averages the stabilities the tasks have (each run against its own dense run; a
+    task whose dense value is near zero has none), as a job's own does."""
     tasks_per_model = rows.groupby("model").task.nunique()
     rows = rows.assign(model=rows.model.map(lambda m: m if tasks_per_model[m] > 1 else POOLED))
     columns = [c for t in tasks for c in dict.fromkeys(rows.column[rows.task == t])]
@@ -96,7 +96,7 @@ def suite_table(rows: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
         table.append({"model": model, "protocol": protocol, "pruner": pruner, "sparsity": sparsity,
                       **values.to_dict(),
                       "avg/score": values.mean(),
-                      "stability/avg": group.groupby("task").stability.mean().mean(skipna=False),
+                      "stability/avg": group.groupby("task").stability.mean().mean(),
                       "tasks": f"{len(present)}/{len(tasks)}", "partial": len(present) < len(tasks),
                       "missing": " ".join(t for t in tasks if t not in present), "runs": len(group)})
     table = pd.DataFrame(table, columns=["model", "protocol", "pruner", "sparsity", *columns, "avg/score",

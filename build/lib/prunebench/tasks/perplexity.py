@@ -9,8 +9,9 @@ from prunebench.corpora import TextCorpus
 
 @dataclass
 class PerplexityTask:
-    """`seq_len`: window length in tokens, null = the model's context length. `max_windows`: a
-    protocol's own cap (SparseGPT's C4 uses the first 256 windows), applied before `limit`."""
+    """`seq_len`: window length in tokens, capped at the model's context length (null = that length).
+    `max_windows`: a protocol's own cap (SparseGPT's C4 uses the first 256 windows), applied before
+    `limit`."""
 
     name: str
     source: TextCorpus
@@ -33,12 +34,15 @@ class PerplexityTask:
     def data_ids(self) -> set[str]:
         return self.source.data_ids()
 
+    def window_length(self, max_length: int) -> int:
+        return min(self.seq_len, max_length) if self.seq_len else max_length
+
     def evaluation(self, loaded, limit: int | None, options) -> tuple:
         from prunebench.evaluation.perplexity import PerplexityModule
         from prunebench.evaluation.windows import TokenWindowDataModule
 
         caps = [c for c in (self.max_windows, limit) if c]
-        data = TokenWindowDataModule(self.source, loaded.tokenizer, self.seq_len or loaded.max_length,
+        data = TokenWindowDataModule(self.source, loaded.tokenizer, self.window_length(loaded.max_length),
                                      limit=min(caps) if caps else None, batch_tokens=options.batch_tokens,
                                      add_bos=options.add_bos)
         return data, PerplexityModule(loaded.model, self.name)

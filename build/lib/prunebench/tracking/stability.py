@@ -1,19 +1,48 @@
-"""Stability = how much of the dense model's quality a pruned model keeps, in percent."""
+"""Stability = how much of the dense model's quality a pruned model keeps, in percent.
+
+The papers define it as pruned / dense x 100 (dense / pruned for perplexity, so 100 always means
+"kept everything"). That ratio only means something when the dense value is clearly above zero:
+MCC, Pearson and Spearman are 0 at chance and can be negative (dense -0.05, pruned -0.10 would read
+200), and a dense accuracy of 0.001 makes any pruned value look like a gain of thousands. So a task
+whose dense value is below DEFINED_ABOVE gets no stability: it is left out of `stability/avg`, and
+the job says which tasks entered the average and why the others did not. Nothing here returns NaN."""
 
 from __future__ import annotations
 
+import math
+
+# metrics here live in [0, 1] or [-1, 1]; a dense value under 0.05 is within noise of chance for
+# the signed ones (MCC's standard error on CoLA's 1043 dev sentences is ~0.03) and near zero for the rest
+DEFINED_ABOVE = 0.05
+
+
+def undefined_reason(dense: float | None, lower_is_better: bool) -> str | None:
+    if dense is None or math.isnan(dense):
+        return "no dense value"
+    if lower_is_better:
+        return None if dense > 0 else f"dense value {dense:.4g} is not positive"
+    if dense < DEFINED_ABOVE:
+        return f"dense value {dense:.4g} < {DEFINED_ABOVE}: at or near chance, so pruned / dense is meaningless"
+    return None
+
 
 def stability(pruned: dict[str, float], dense: dict[str, float], lower_is_better: frozenset[str] = frozenset()
-              ) -> dict[str, float]:
-    """pruned / dense x 100 per task (dense / pruned for lower-is-better metrics such as perplexity,
-    so 100 always means "kept everything"), and their mean as `stability/avg`."""
-    out = {}
+              ) -> tuple[dict[str, float], dict[str, str]]:
+    """(`stability/<task>` per task with a defined ratio and their mean `stability/avg`, {task: why
+    it has none}). A NaN pruned value (a failed metric) also has none."""
+    out, excluded = {}, {}
     for task, value in pruned.items():
         base = dense.get(task)
-        if base is None:
+        reason = undefined_reason(base, task in lower_is_better)
+        if reason is None and (value is None or math.isnan(value)):
+            reason = "no pruned value"
+        if reason is None and task in lower_is_better and value <= 0:
+            reason = f"pruned value {value:.4g} is not positive"
+        if reason:
+            excluded[task] = reason
             continue
         num, den = (base, value) if task in lower_is_better else (value, base)
-        out[f"stability/{task}"] = 100.0 * num / den if den else float("nan")
+        out[f"stability/{task}"] = 100.0 * num / den
     if out:
         out["stability/avg"] = sum(out.values()) / len(out)
-    return out
+    return out, excluded
