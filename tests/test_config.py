@@ -65,3 +65,16 @@ def test_unknown_experiment_is_a_hydra_error_naming_it():
 def test_valid_config_returns_checked_tasks():
     tasks = validate(compose_cfg(TINY_MC))
     assert list(tasks) == ["local_mc"]
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('{"question": "a", "choices": ["x", "y"], "label": 0}\n{"question": "b", "choices": ["x", "y"] "label": 1}\n',
+     "line 2, column 40"),
+    ('[{"question": "a"},\n {"question": }]', "line 2, column 15"),
+    ('"just a string"', "must be JSON objects")])
+def test_a_malformed_task_file_is_named_with_its_line_before_any_model_loads(tmp_path, text, where):
+    path = tmp_path / ("docs.jsonl" if text.count("\n") > 1 else "docs.json")
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(TINY_MC + [f"task.tasks.local_mc.source.path={path}"]))
+    assert str(path) in str(err.value) and where in str(err.value)

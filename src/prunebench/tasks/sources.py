@@ -35,22 +35,48 @@ class JsonSource(DocSource):
 
     def __init__(self, path: str, field: str | None = None):
         self.path, self.field = path, field
+        self._docs: list[dict] | None = None
 
     def check(self) -> None:
-        _require_file(self.path, "task.source.path")
+        self.load()  # small files: a malformed one then fails before any model loads
 
     def load(self) -> list[dict]:
-        path = _require_file(self.path, "task.source.path")
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
-        if isinstance(data, dict):
-            data = data[self.field or "examples"]
-        return list(data)
+        if self._docs is None:
+            self._docs = read_json_documents(_require_file(self.path, "task.source.path"), self.field)
+        return self._docs
 
     def describe(self) -> str:
         return str(self.path)
+
+
+def read_json_documents(path: Path, field: str | None = None) -> list[dict]:
+    """Documents of a .jsonl (one per line) or .json file; a syntax error names the file, the line
+    and the column, and what would be valid."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        docs = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    docs.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}, line {number}, column {err.colno}: not a JSON document "
+                                     f"({err.msg}): {line[:80]!r}; each line must be one JSON object") from None
+        data = docs
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {err.lineno}, column {err.colno}: not JSON ({err.msg})") from None
+        if isinstance(data, dict):
+            key = field or "examples"
+            if key not in data:
+                raise ValueError(f"{path}: a JSON object without the field {key!r} that holds the documents; "
+                                 f"its fields: {sorted(data)[:10]} (set the source's field)")
+            data = data[key]
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise ValueError(f"{path}: documents must be JSON objects (one per line, or a list of them)")
+    return list(data)
 
 
 class HFSource(DocSource):
@@ -82,7 +108,7 @@ def read_records(path: Path) -> list[dict]:
     """A local file of documents: JSON lines, a JSON list, or a parquet/CSV/arrow file."""
     builder = _DATASETS_BUILDERS.get(path.suffix)
     if builder is None:
-        return JsonSource(str(path)).load()
+        return read_json_documents(path)
     import datasets
 
     return [dict(row) for row in datasets.load_dataset(builder, data_files=str(path), split="train")]
