@@ -69,7 +69,7 @@ def test_valid_config_returns_checked_tasks():
 
 @pytest.mark.parametrize(("text", "where"), [
     ('{"question": "a", "choices": ["x", "y"], "label": 0}\n{"question": "b", "choices": ["x", "y"] "label": 1}\n',
-     "line 2, column 40"),
+     "line 2, column 41"),
     ('[{"question": "a"},\n {"question": }]', "line 2, column 15"),
     ('"just a string"', "must be JSON objects")])
 def test_a_malformed_task_file_is_named_with_its_line_before_any_model_loads(tmp_path, text, where):
