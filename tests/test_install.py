@@ -3,6 +3,7 @@ a folder that is not the checkout."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -15,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_in_a_fresh_venv_composes_its_own_configs_and_runs_a_job(tmp_path):
+    source = tmp_path / "source"  # a copy: setuptools leaves build/ in the tree it builds
+    for folder in ("src", "conf"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
     wheel, = (tmp_path / "dist").glob("prunebench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {f"prunebench/conf/{p.relative_to(ROOT / 'conf')}" for p in (ROOT / "conf").rglob("*.yaml")}

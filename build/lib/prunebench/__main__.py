@@ -1,3 +1,0 @@
-from prunebench.cli import main
-
-main()

@@ -1,1 +1,0 @@
-"""The generic engine: requests -> tokens -> log-likelihoods -> torchmetrics, in a Lightning test loop."""

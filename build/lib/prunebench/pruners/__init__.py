@@ -1,1 +1,0 @@
-"""Pruners: `score` once (expensive, cacheable), `apply` per sparsity (cheap)."""

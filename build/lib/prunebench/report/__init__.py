@@ -1,1 +1,0 @@
-"""Tables and plots over a whole grid of MLflow runs."""

@@ -1,1 +1,0 @@
-"""Tasks are declarative data (source, prompt, choices, metric); the engine in evaluation/ is generic."""

@@ -1,1 +1,0 @@
-"""MLflow lifecycle, run identity and stability."""
