@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from prunebench.pruners.attention import attention_heads
+from prunebench.models.attention import attention_heads
 from prunebench.pruners.heads import RandomHeadPruner, choose_pruned, prune_heads
 
 pytestmark = pytest.mark.real_model

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import FIXTURES, compose_cfg, shared_file
 from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
 
@@ -55,7 +56,7 @@ def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
 
 def our_records(loaded, task, add_bos=None, limit=None) -> list[dict]:
     options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos})
-    data, module = task.evaluation(loaded, limit, options)
+    data, module = evaluation(task, loaded, limit, options)
     Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
         module, datamodule=data, verbose=False)
     return sorted(module.records, key=lambda r: r["doc_id"])

@@ -21,7 +21,7 @@ def test_converted_gemma_prefers_paris():
         ctx, cont = encode_pair(loaded.tokenizer, "The capital of France is", city)
         seq, clen = model_input(ctx, cont, loaded.max_length)
         inputs.append(seq), lens.append(clen), conts.append(cont)
-    (paris, _), (london, _) = score_choices(loaded.model, inputs, lens, conts)
+    (paris, _), (london, _) = score_choices(loaded, inputs, lens, conts)
     # DESIGN.md's sanity numbers (bf16 weights, fp32 compute here): -2.48 vs -6.70
     assert paris == pytest.approx(-2.48, abs=0.15)
     assert london == pytest.approx(-6.70, abs=0.3)

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import TINY_MC, compose_cfg
-from prunebench.bench.flops import forward_flops
+from prunebench.models.attention import attention_heads
+from prunebench.models.flops import forward_flops
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import attention_heads
 from prunebench.pruners.layers import BlockInfluencePruner, LastLayersPruner, block_influence, remove_layers
 from prunebench.pruners.mop import MoPPruner, block_params
 from prunebench.pruners.width import WidthPruner, amp_scores, mlp_modules

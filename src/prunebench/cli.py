@@ -6,15 +6,14 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from prunebench.paths import CONF_DIR
 from prunebench.tracking.sweep import PARENT_ENV
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 log = logging.getLogger("prunebench")
 
 

@@ -11,9 +11,10 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
-from prunebench.tracking import store
 from prunebench.pruners.score_cache import cached_scores
+from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
 from prunebench.validate import validate
@@ -43,7 +44,7 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
-    data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
+    data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
     trainer = instantiate(cfg.trainer)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
     metrics = {key: float(value) for key, value in results.items()}
@@ -90,7 +91,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
 
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     """The expensive part, reached only with a valid config and no finished run."""
-    from prunebench.pruners.base import parameter_counts
+    from prunebench.models.introspection import count_parameters
 
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
@@ -111,7 +112,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> dict[str, float]:
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
     metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
-    metrics.update(parameter_counts(loaded.model))
+    metrics["params/total"] = float(count_parameters(loaded.model))
+    metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()
     for name, task in tasks.items():
         pruner.start_task(name)

@@ -1,24 +1,61 @@
+"""The model adapter: what the engines (evaluation/) and pruners need of a model, so that they never
+reach into a model family's classes. A family whose forward or preprocessing differs subclasses
+LoadedModel and overrides what differs; the engines stay as they are."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from prunebench.models.introspection import model_outputs
 
 
 @dataclass
 class LoadedModel:
-    """A model ready for pruning and evaluation, with what the evaluators need to know about it."""
+    """`tokenizer` turns text into ids; `processor` (a vision-language model's, else None) also
+    turns images into model inputs. `max_length`: the positions one sequence may use."""
 
     model: torch.nn.Module
     tokenizer: object
     name: str
     family: str
     max_length: int
-    info: dict = field(default_factory=dict)
+    processor: object = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template an instruction-tuned model's prompts are rendered with (None: a base model)."""
+        return getattr(self.processor or self.tokenizer, "chat_template", None)
+
+    def decoder(self) -> torch.nn.Module:
+        """The body whose hidden states the LM head turns into logits (run without the head, which
+        with a large vocabulary costs more than the body, wherever only some positions are scored)."""
+        return self.model.get_decoder()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over `hidden`, with the final logit soft-capping of the models that have it (Gemma 2)."""
+        logits = self.model.get_output_embeddings()(hidden)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def generate(self, **kwargs) -> torch.Tensor:
+        return self.model.generate(**kwargs)
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A classifier's logits for a batch of its inputs (text encodings, or `pixel_values`)."""
+        out = model_outputs(self.model, batch)
+        return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

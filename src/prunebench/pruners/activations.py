@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from prunebench.pruners.base import transformer_blocks
+from prunebench.models.introspection import transformer_blocks
 
 
 @contextmanager
