@@ -20,10 +20,11 @@ from prunebench.evaluation.registry import evaluation
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
 from prunebench.tasks.ai2_format import read_question
+from prunebench.tasks.build import task_definitions
 from prunebench.tasks.multiple_choice import MultipleChoiceTask
 from prunebench.tasks.opencompass import PPLChoiceTask
 from prunebench.tasks.sources import JsonSource
-from prunebench.validate import ConfigError, task_definitions, validate
+from prunebench.validate import ConfigError, validate
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
