@@ -330,8 +330,8 @@ def test_multiple_choice_mcc_and_f1_equal_lm_evals_metric_functions(monkeypatch)
 
 
 def test_prompted_glue_job_logs_mcc_f1_and_the_glue_convention_average(glue_dir, store):
-    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+tasks@task.tasks.mrpc_mc=mrpc_mc",
-                       "+tasks@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
+    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+task_library@task.tasks.mrpc_mc=mrpc_mc",
+                       "+task_library@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
     for task in ("cola_mc", "mrpc_mc", "qqp_mc"):
         records = predictions(task)
         assert len(records) == 24

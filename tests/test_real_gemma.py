@@ -22,6 +22,6 @@ def test_converted_gemma_prefers_paris():
         seq, clen = model_input(ctx, cont, loaded.max_length)
         inputs.append(seq), lens.append(clen), conts.append(cont)
     (paris, _), (london, _) = score_choices(loaded, inputs, lens, conts)
-    # DESIGN.md's sanity numbers (bf16 weights, fp32 compute here): -2.48 vs -6.70
+    # the model's known log-likelihoods for these continuations (bf16 weights, fp32 compute here): -2.48 vs -6.70
     assert paris == pytest.approx(-2.48, abs=0.15)
     assert london == pytest.approx(-6.70, abs=0.3)

@@ -1,4 +1,4 @@
-"""lm-eval's doc_to_* resolution (spec §1.2), checked on values written out by hand."""
+"""lm-eval's doc_to_* resolution, checked on values written out by hand."""
 
 from prunebench.tasks.template import gold_index, resolve, resolve_choices, resolve_target
 

@@ -4,7 +4,7 @@ Prompts are left-padded into one batch and decoded by transformers' `generate` (
 rows finish independently, a finished row only receives padding). Stop strings are found on the
 device: transformers' StopStringCriteria matches them against the last few token ids through
 per-token tables built once, so no step decodes text. The text returned is the decoded generation
-cut before the first occurrence of each stop string (lm-eval's rule, spec §3.5), so it does not
+cut before the first occurrence of each stop string (lm-eval's rule), so it does not
 depend on the step at which a row stopped."""
 
 from __future__ import annotations

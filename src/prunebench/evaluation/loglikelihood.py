@@ -1,9 +1,9 @@
 """The `loglikelihood` engine: documents -> tokenised requests -> length-sorted batches of whole
 documents -> log-likelihoods (loglik.score_documents) -> the task's process_results -> torchmetrics.
 
-Two tokenisations (the task's `loglikelihood_scoring`): lm-eval's continuation (spec §3.1-3.2:
-context and continuation tokenised jointly, left-truncated, the continuation's tokens scored), and
-OpenCompass's PPL (spec §5): each request's text whole, BOS first (the tokenizer's default, as
+Two tokenisations (the task's `loglikelihood_scoring`): lm-eval's continuation (context and
+continuation tokenised jointly, left-truncated, the continuation's tokens scored), and OpenCompass's
+PPL scoring, an option of this engine rather than a pipeline of its own: each request's text whole, BOS first (the tokenizer's default, as
 OpenCompass tokenises with add_special_tokens=True), every token after the first scored; texts longer
 than the model are cut from the left, as OpenCompass's tokenizer truncates. OpenCompass unbatched,
 that is (its older HuggingFace model's default): its batched base model pads on the left, and then a

@@ -1,6 +1,6 @@
 """BIG-Bench-Hard: 27 generate_until subtasks in one table, as lm-eval runs them (bbh_zeroshot,
-bbh_fewshot, bbh_cot_fewshot; spec §2.7) or as OpenCompass does (3-shot CoT `bbh_gen`, zero-shot
-`bbh_0shot_nocot_gen`; spec §5). The subtasks are data (bbh_subtasks.yaml); this module holds the
+bbh_fewshot, bbh_cot_fewshot) or as OpenCompass does (3-shot CoT `bbh_gen`, zero-shot
+`bbh_0shot_nocot_gen`). The subtasks are data (bbh_subtasks.yaml); this module holds the
 answer filters that table names and how a variant builds a member task from an entry.
 
 The answer filters re-implement lm-eval 0.4.13's (`lm_eval/tasks/bbh/zeroshot/utils.py`,

@@ -16,7 +16,7 @@ def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     """Each task's definition under `task.protocol`, resolved, with the config path it came from.
 
     `task.tasks.<name>` is lm-eval's version; another protocol's lives beside it under
-    `task.protocols.<protocol>.<name>` (conf/tasks/opencompass/), put there by the task's own config.
+    `task.protocols.<protocol>.<name>` (conf/task_library/opencompass/), put there by the task's own config.
     The choice is made here because Hydra's defaults list cannot select a config by a value such as
     task.protocol, and keeping the versions apart leaves `task.tasks.<name>` a plain task definition
     that calib=task can reuse. A definition with its own `protocol` option builds every protocol's

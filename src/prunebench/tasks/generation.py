@@ -1,4 +1,4 @@
-"""A `generate_until` task, built the way lm-eval builds that output type (spec §2.7, §3.5): each
+"""A `generate_until` task, built the way lm-eval builds that output type: each
 document becomes one prompt (description, few-shot exemplars, the document), the model generates
 greedily until a stop string, answer filters turn the text into answers, exact match scores them.
 

@@ -1,4 +1,4 @@
-"""A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice` (spec §1.3-1.5):
+"""A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice`:
 each choice a `loglikelihood` request, the highest summed (acc) or per-character (acc_norm)
 log-likelihood the prediction."""
 

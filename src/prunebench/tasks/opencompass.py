@@ -1,4 +1,4 @@
-"""A multiple-choice task under OpenCompass's PPL protocol (spec §5; `PPLInferencer` with
+"""A multiple-choice task under OpenCompass's PPL protocol (`PPLInferencer` with
 `HuggingFaceBaseModel.get_ppl`): one complete text per option, question and option together, scored
 by its mean token cross-entropy over the whole sequence; the lowest wins.
 
