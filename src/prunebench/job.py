@@ -68,7 +68,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
-    with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
+    with store.job_run(exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id):
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         metrics = execute(cfg, tasks, dense)

@@ -104,7 +104,7 @@ class MultipleChoiceTask:
             continuation = self.target_delimiter + str(resolve(self.doc_to_target, doc))
             return Instance(doc_id, [Loglikelihood(self.description + c, continuation) for c in choices], doc,
                             text, [len(c) for c in choices])
-        target = resolve_target(self.doc_to_target, doc, choices)
+        target = resolve_target(self.doc_to_target, doc)
         context = self.description + text
         return Instance(doc_id, [Loglikelihood(context, self.target_delimiter + c) for c in choices], doc,
                         gold_index(target, choices), [len(c) for c in choices])

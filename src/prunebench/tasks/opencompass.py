@@ -138,7 +138,7 @@ class PPLChoiceTask:
 
     def gold(self, doc: dict) -> tuple[list[str], int]:
         choices = resolve_choices(self.doc_to_choice, doc)
-        return choices, gold_index(resolve_target(self.doc_to_target, doc, choices), choices)
+        return choices, gold_index(resolve_target(self.doc_to_target, doc), choices)
 
     def text(self, doc: dict, option: str) -> str:
         return resolve(self.prompt, {**doc, "option": option})

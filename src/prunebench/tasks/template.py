@@ -48,7 +48,7 @@ def resolve_choices(spec: Any, doc: dict) -> list[str]:
     return list(value)
 
 
-def resolve_target(spec: Any, doc: dict, choices: list[str]) -> int | str:
+def resolve_target(spec: Any, doc: dict) -> int | str:
     value = resolve(spec, doc)
     if isinstance(value, str) and value.isdigit():
         return ast.literal_eval(value)
