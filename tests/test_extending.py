@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import lightning as L
 import mlflow
+import pytest
 import torch
 import torchmetrics
 from hydra import compose, initialize_config_dir
@@ -127,3 +128,16 @@ def test_a_new_request_kind_is_one_engine_and_its_registration(store, monkeypatc
     run = mlflow.search_runs(search_all_experiments=True, output_format="list")[0]
     path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="predictions/counts.jsonl")
     assert [line.count('"tokens"') for line in open(path)] == [1, 1, 1]
+
+
+def test_text_engines_refuse_requests_with_images():
+    """Until an engine feeds images, a request carrying one fails instead of being scored as text."""
+    from prunebench.api.requests import Loglikelihood
+    from prunebench.evaluation.loglikelihood import LoglikelihoodDataModule
+    from prunebench.models.cache import get_model
+    from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
+
+    task = MultipleChoiceTask("pictures", None, "{{q}}", "{{c}}", "{{a}}", metrics=["acc"], primary="acc")
+    data = LoglikelihoodDataModule(task, get_model(compose_cfg(["model=tiny-llama"]).model))
+    with pytest.raises(ValueError, match="document 3: its requests carry images"):
+        data.encode(Instance(3, [Loglikelihood("What is shown?", " a cat", images=("cat.png",))], {}, 0, [5]))

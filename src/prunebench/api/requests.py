@@ -3,7 +3,9 @@ requests of one kind, the engine registered for that kind (evaluation/registry.p
 the task scores a document from its responses (`process_results`).
 
 Each document's requests travel together in a `Document`: the log-likelihood engine computes the
-choices' shared context once, and a task scores a document from all of its responses at once."""
+choices' shared context once, and a task scores a document from all of its responses at once.
+A request's `images` are for an engine that feeds them to a vision-language model (through the model
+adapter's processor); the text engines refuse a request that carries any."""
 
 from __future__ import annotations
 
@@ -71,7 +73,12 @@ class Document:
 class Task(Protocol):
     """What the job and the engines read of a task (tasks/ implements it; nothing here is imported
     back). `process_results(document, responses)` returns the document's record: what
-    predictions/<task>.jsonl holds, per-document metric values included."""
+    predictions/<task>.jsonl holds, per-document metric values included.
+
+    The log-likelihood engine also asks `metric_objects(documents)` (the task's torchmetrics, built
+    once every document is known) and reads `loglikelihood_scoring` (CONTINUATION when absent); a
+    `classify` task streams `examples(limit)` and `collate(model)` instead of documents, its
+    metrics seeing whole batches of logits (evaluation/classification.py)."""
 
     kind: ClassVar[str]
     name: str

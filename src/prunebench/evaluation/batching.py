@@ -1,4 +1,5 @@
-"""How the engines batch: whole documents packed under a token budget, sequences left-padded."""
+"""How the text engines batch: whole documents packed under a token budget, sequences left-padded,
+requests with images refused."""
 
 from __future__ import annotations
 
@@ -27,3 +28,10 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
         ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
         mask[row, width - len(seq):] = 1
     return ids, mask
+
+
+def refuse_images(task, document) -> None:
+    """A text engine would score an image request as if it had no image: better to say so."""
+    if any(getattr(request, "images", ()) for request in document.requests):
+        raise ValueError(f"task {task.name}, document {document.doc_id}: its requests carry images, which the "
+                         f"{task.kind} engine for text models does not feed to the model")

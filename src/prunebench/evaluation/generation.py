@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
-from prunebench.evaluation.batching import pack
+from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode
 from prunebench.evaluation.generate import Generator
 from prunebench.models.loaded import LoadedModel
@@ -47,8 +47,11 @@ class GenerationDataModule(L.LightningDataModule):
         if self.batches:
             return
         room = self.max_length - self.task.max_gen_toks
+        documents = self.task.instances(self.limit)
+        for document in documents:
+            refuse_images(self.task, document)
         encoded = [EncodedRequest(d, encode(self.tokenizer, d.requests[0].prompt, self.add_bos)[-room:])
-                   for d in self.task.instances(self.limit)]
+                   for d in documents]
         encoded.sort(key=lambda e: (-len(e.tokens), e.document.requests[0].prompt))
         self.batches = pack(encoded, lambda e: len(e.tokens) + self.task.max_gen_toks, self.batch_tokens)
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metrics import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse
-from prunebench.evaluation.batching import pack
+from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.models.loaded import LoadedModel
@@ -57,6 +57,7 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         self.batches: list[list[EncodedDoc]] = []
 
     def encode(self, document: Document) -> EncodedDoc:
+        refuse_images(self.task, document)
         if self.scoring == WHOLE_TEXT:
             full = [encode(self.tokenizer, r.context + r.continuation, self.add_bos)[-self.max_length:]
                     for r in document.requests]
