@@ -11,4 +11,5 @@ CONF = ["prunebench.conf", *("prunebench.conf." + ".".join(p.relative_to("conf")
                              for p in sorted(Path("conf").rglob("*")) if p.is_dir())]
 
 setup(packages=find_packages("src") + CONF, package_dir={"": "src", "prunebench.conf": "conf"},
-      package_data={name: ["*.yaml", "*.md"] for name in CONF})
+      # the configs, and BBH's subtask table read by tasks/bbh.py
+      package_data={**{name: ["*.yaml", "*.md"] for name in CONF}, "prunebench.tasks": ["*.yaml"]})

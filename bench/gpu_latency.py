@@ -54,7 +54,7 @@ def slice_heads(model: torch.nn.Module, keep_fraction: float = 0.75) -> None:
 
 def prune_2_4(model: torch.nn.Module) -> None:
     """Keep the 2 largest |w| of every 4 consecutive input weights of each block Linear."""
-    from prunebench.pruners.base import block_linears
+    from prunebench.models.introspection import block_linears
 
     with torch.no_grad():
         for linear in block_linears(model).values():

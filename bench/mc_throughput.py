@@ -23,9 +23,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from lightning import Trainer
 
-from prunebench.configs import CONF_DIR
+from prunebench.api.metrics import first_argmax
+from prunebench.paths import CONF_DIR
 from prunebench.evaluation.lm_eval_reference import reference_samples, reference_tasks
-from prunebench.evaluation.module import first_argmax
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
 
@@ -37,7 +38,7 @@ def predictions(lls: list[float], choice_lengths: list[int], metric: str) -> int
 
 def run_ours(cfg, loaded, task) -> tuple[list[dict], float]:
     start = time.perf_counter()
-    data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
+    data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
     Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
         module, datamodule=data, verbose=False)
     return sorted(module.records, key=lambda r: r["doc_id"]), time.perf_counter() - start

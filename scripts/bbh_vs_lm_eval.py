@@ -27,11 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def run_prunebench(loaded, subtasks, data_dir, limit, batch_tokens):
     import lightning as L
 
+    from prunebench.evaluation.registry import evaluation
     from prunebench.tasks.bbh import bbh
 
     group = bbh("bbh_zeroshot", "zeroshot", subtasks=subtasks, data_dir=data_dir)
     start = time.perf_counter()
-    data, module = group.evaluation(loaded, limit, SimpleNamespace(batch_tokens=batch_tokens, add_bos=None))
+    data, module = evaluation(group, loaded, limit, SimpleNamespace(batch_tokens=batch_tokens, add_bos=None))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     metrics = trainer.test(module, datamodule=data, verbose=False)[0]
     elapsed = time.perf_counter() - start

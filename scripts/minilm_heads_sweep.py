@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from prunebench.models.encoder import load_minilm_l6
-from prunebench.pruners.attention import attention_heads
+from prunebench.models.attention import attention_heads
 from prunebench.pruners.heads import (HIESPruner, HISPruner, RandomHeadPruner, choose_pruned, head_statistics,
                                       prune_heads)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from prunebench.configs import CONF_DIR
+from prunebench.models.loaded import LoadedModel
+from prunebench.paths import CONF_DIR
 from prunebench.pruners.unstructured import one_cpu_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -54,6 +55,13 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+def identity_model() -> LoadedModel:
+    """A "model" whose logits are its input: engine tests feed the logits they mean to score."""
+    import torch
+
+    return LoadedModel(model=torch.nn.Identity(), tokenizer=None, name="identity", family="vision", max_length=0)
 
 
 def shared_file(*parts: str) -> Path:

@@ -73,7 +73,7 @@ def test_exemplars_are_read_from_a_prompt_file_and_from_the_hf_schema(tmp_path):
 def test_prompts_of_each_variant_and_protocol():
     def first(variant, protocol="lm_eval"):
         group = bbh("g", variant, protocol, subtasks=["boolean_expressions"], data_dir=str(DATA))
-        return group.tasks[0], group.tasks[0].requests(1)[0]
+        return group.tasks[0], group.tasks[0].instances(1)[0]
 
     task, request = first("zeroshot")
     assert request.prompt == "Evaluate the result of a random Boolean expression.\n\nQ: not True or False is\nA:"
@@ -98,9 +98,9 @@ def test_opencompass_scores_option_letters_and_raw_free_form_answers():
                 data_dir=str(DATA))
     assert not group.weight_by_size
     date, boolean = group.tasks
-    request = date.requests(1)[0]                                     # target "(A)"
+    request = date.instances(1)[0]                                     # target "(A)"
     assert date.score("So the answer is (A).", request)[1] == {"exact_match": 1.0}
-    request = boolean.requests(1)[0]                                  # target "False"
+    request = boolean.instances(1)[0]                                  # target "False"
     assert boolean.score("So the answer is False.", request)[1] == {"exact_match": 1.0}
     assert boolean.score("So the answer is false.", request)[1] == {"exact_match": 0.0}
 

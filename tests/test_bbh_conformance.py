@@ -74,7 +74,7 @@ def data_dir():
 def test_prompts_filters_and_scores_match_lm_eval(variant, sub, data_dir, tmp_path):
     ref = lm_eval_task(variant, sub, data_dir, tmp_path)
     ours = bbh(f"bbh_{variant}", variant, subtasks=[sub], data_dir=str(data_dir)).tasks[0]
-    requests = ours.requests(DOCS)
+    requests = ours.instances(DOCS)
     instances = sorted(ref.instances, key=lambda i: i.doc_id)
     assert [r.prompt for r in requests] == [i.args[0] for i in instances]
     gen = instances[0].args[1]

@@ -16,14 +16,16 @@ import torch
 
 from omegaconf import OmegaConf
 
-from conftest import TINY_MC, compose_cfg
+from conftest import TINY_MC, compose_cfg, identity_model
 from prunebench import job
-from prunebench.evaluation import module as mc_module
+from prunebench.api.requests import Loglikelihood
+from prunebench.evaluation import loglikelihood as loglikelihood_engine
 from prunebench.evaluation.classification import ClassificationModule
-from prunebench.evaluation.datamodule import EncodedDoc
+from prunebench.evaluation.loglikelihood import EncodedDoc, LoglikelihoodModule
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.tasks.glue import LAYOUTS, GlueSource
-from prunebench.tasks.multiple_choice import Instance
+from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
 from prunebench.validate import ConfigError, validate
 
 WORDS = "good bad fine awful great terrible movie plot acting the a was is \"odd".split()
@@ -148,7 +150,7 @@ def ranks(values):
 
 def test_metrics_match_direct_formulas():
     torch.manual_seed(0)
-    module = ClassificationModule(torch.nn.Identity(), "t", ["acc", "mcc", "f1"], 2)
+    module = ClassificationModule(identity_model(), "t", ["acc", "mcc", "f1"], 2)
     logits, gold = torch.randn(50, 2), torch.randint(0, 2, (50,))
     for chunk in range(0, 50, 16):
         module.test_step({"pixel_values": logits[chunk:chunk + 16], "labels": gold[chunk:chunk + 16]}, 0)
@@ -159,7 +161,7 @@ def test_metrics_match_direct_formulas():
     assert module.metrics["mcc"].compute().item() == pytest.approx(sklearn_mcc(g, pred, 2), abs=1e-6)
     assert module.metrics["f1"].compute().item() == pytest.approx(sklearn_f1(g, pred), abs=1e-6)
     assert 0 < module.stderr("mcc") < 0.5 and 0 < module.stderr("f1") < 0.5
-    reg = ClassificationModule(torch.nn.Identity(), "s", ["pearson", "spearman"], 1)
+    reg = ClassificationModule(identity_model(), "s", ["pearson", "spearman"], 1)
     scores, target = torch.randn(40, 1), torch.rand(40) * 5
     reg.test_step({"pixel_values": scores, "labels": target}, 0)
     x, y = scores[:, 0].tolist(), target.tolist()
@@ -211,14 +213,14 @@ def test_label_order_and_count_are_checked(glue_dir, store):
     loaded = get_model(compose_cfg(["model=tiny-bert-cls"]).model)
     tasks = validate(compose_cfg(["model=tiny-bert-cls", "task=rte", f"data_dir={glue_dir}", "sparsity=0"]))
     with pytest.raises(ValueError, match=r"orders its labels \['negative', 'positive'\].*expects"):
-        tasks["rte"].evaluation(loaded, 4, None)
+        evaluation(tasks["rte"], loaded, 4, None)
     tasks = validate(compose_cfg(["model=tiny-bert-cls", "task=mnli", f"data_dir={glue_dir}", "sparsity=0"]))
     with pytest.raises(ValueError, match="has 3 label"):
-        tasks["mnli"].evaluation(loaded, 4, None)
+        evaluation(tasks["mnli"], loaded, 4, None)
     loaded.model.config.id2label = {0: "LABEL_0", 1: "LABEL_1"}  # generic names: only the count is checked
     tasks["rte"] = validate(compose_cfg(["model=tiny-bert-cls", "task=rte", f"data_dir={glue_dir}",
                                          "sparsity=0"]))["rte"]
-    tasks["rte"].evaluation(loaded, 4, None)
+    evaluation(tasks["rte"], loaded, 4, None)
 
 
 def test_his_calibrates_on_train_never_the_evaluated_split(glue_dir, store):
@@ -260,13 +262,15 @@ def test_prompted_glue_metrics_follow_lm_eval_and_the_glue_average(glue_dir):
 
 
 def fixed_loglik_module(monkeypatch, lls: list[list[float]], golds: list[int], metrics: list[str]):
-    """A MultipleChoiceModule fed documents whose log-likelihoods are given, in batches of 16."""
-    monkeypatch.setattr(mc_module, "score_documents",
-                        lambda model, batch: [[(ll, False) for ll in lls[d.instance.doc_id]] for d in batch])
+    """The log-likelihood engine's module fed documents whose log-likelihoods are given, in batches of 16."""
+    monkeypatch.setattr(loglikelihood_engine, "score_documents",
+                        lambda model, batch: [[(ll, False) for ll in lls[d.document.doc_id]] for d in batch])
     k = len(lls[0])
-    module = mc_module.MultipleChoiceModule(torch.nn.Identity(), "t", metrics, k)
-    docs = [EncodedDoc(Instance(i, ["ctx"] * k, [f" c{j}" for j in range(k)], g, [2] * k), [], [], [])
-            for i, g in enumerate(golds)]
+    task = MultipleChoiceTask("t", None, "{{q}}", "{{c}}", "{{a}}", metrics=metrics, primary=metrics[0])
+    instances = [Instance(i, [Loglikelihood("ctx", f" c{j}") for j in range(k)], {}, g, [2] * k)
+                 for i, g in enumerate(golds)]
+    module = LoglikelihoodModule(identity_model(), task, task.metric_objects(instances))
+    docs = [EncodedDoc(instance, [], [1] * k, []) for instance in instances]
     for start in range(0, len(docs), 16):
         module.test_step(docs[start:start + 16], 0)
     return module
@@ -308,7 +312,7 @@ def test_mcc_of_a_constant_prediction_is_zero_as_sklearn(monkeypatch):
     module = fixed_loglik_module(monkeypatch, [[-2.0, -1.0]] * len(golds), golds, ["mcc", "f1"])
     assert module.metrics["mcc"].compute().item() == 0.0 == sklearn_mcc(golds, [1] * 7, 2)
     assert module.metrics["f1"].compute().item() == pytest.approx(sklearn_f1(golds, [1] * 7))
-    classifier = ClassificationModule(torch.nn.Identity(), "t", ["mcc"], 2)
+    classifier = ClassificationModule(identity_model(), "t", ["mcc"], 2)
     classifier.test_step({"pixel_values": torch.tensor([[0.0, 1.0]] * 7), "labels": torch.tensor(golds)}, 0)
     assert classifier.metrics["mcc"].compute().item() == 0.0
 
@@ -328,8 +332,8 @@ def test_multiple_choice_mcc_and_f1_equal_lm_evals_metric_functions(monkeypatch)
 
 
 def test_prompted_glue_job_logs_mcc_f1_and_the_glue_convention_average(glue_dir, store):
-    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+tasks@task.tasks.mrpc_mc=mrpc_mc",
-                       "+tasks@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
+    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+task_library@task.tasks.mrpc_mc=mrpc_mc",
+                       "+task_library@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
     for task in ("cola_mc", "mrpc_mc", "qqp_mc"):
         records = predictions(task)
         assert len(records) == 24
@@ -352,14 +356,14 @@ def test_corpus_metrics_refuse_documents_they_cannot_score(tmp_path):
     three_choices = validate(compose_cfg([*TINY_MC, "task.tasks.local_mc.metrics=[acc,f1]",
                                          "task.tasks.local_mc.primary=acc", "sparsity=0"]))
     with pytest.raises(ValueError, match=r"f1 is binary.*\(0, 3\)"):
-        three_choices["local_mc"].evaluation(loaded, None, options)
+        evaluation(three_choices["local_mc"], loaded, None, options)
     path = tmp_path / "bad_gold.jsonl"
     path.write_text(json.dumps({"question": "q?", "choices": ["a", "b"], "label": 5}) + "\n")
     bad_gold = validate(compose_cfg([*TINY_MC, f"task.tasks.local_mc.source.path={path}",
                                      "task.tasks.local_mc.metrics=[mcc]", "task.tasks.local_mc.primary=mcc",
                                      "sparsity=0"]))
     with pytest.raises(ValueError, match=r"gold among its choices; documents \[0\]"):
-        bad_gold["local_mc"].evaluation(loaded, None, options)
+        evaluation(bad_gold["local_mc"], loaded, None, options)
 
 
 def test_classifier_task_refuses_a_causal_lm_before_loading(glue_dir):

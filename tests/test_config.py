@@ -9,7 +9,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from conftest import TINY_MC, compose_cfg
-from prunebench.configs import CONF_DIR
+from prunebench.paths import CONF_DIR
 from prunebench.validate import ConfigError, validate
 
 

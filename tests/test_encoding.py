@@ -1,4 +1,4 @@
-"""Context/continuation tokenisation as lm-eval's HFLM does it (spec §3.1-3.3)."""
+"""Context/continuation tokenisation as lm-eval's HFLM does it."""
 
 from prunebench.evaluation.encoding import encode, encode_pair, model_input
 from prunebench.models.tiny import tiny_tokenizer

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
+from prunebench.api.metrics import mean_stderr
 from prunebench.evaluation.generate import Generator, cut_at_stops
 from prunebench.models.tiny import load_tiny
-from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TaskGroup, mean_stderr
+from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TaskGroup
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -45,7 +46,7 @@ def plain_greedy(model, prompt: list[int], steps: int) -> list[int]:
 def test_left_padded_batch_generates_what_each_prompt_generates_alone(tiny):
     tok = tiny.tokenizer
     prompts = [tok.encode(t) for t in ["The quick brown fox", "Question: What is the capital", "A man"]]
-    gen = Generator(tiny.model, tok, until=[], max_new_tokens=12)
+    gen = Generator(tiny, until=[], max_new_tokens=12)
     texts = gen(prompts)
     for prompt, text in zip(prompts, texts):
         expected = plain_greedy(tiny.model, prompt, 12)
@@ -57,21 +58,21 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(tiny):
 def test_generation_stops_at_a_stop_string_and_the_text_is_cut_before_it(tiny):
     tok = tiny.tokenizer
     prompt = tok.encode("The quick brown fox")
-    free = Generator(tiny.model, tok, until=[], max_new_tokens=20)([prompt])[0]
+    free = Generator(tiny, until=[], max_new_tokens=20)([prompt])[0]
     assert len(free) > 6
     stop = free[3:5]
-    stopped = Generator(tiny.model, tok, until=[stop], max_new_tokens=20)
+    stopped = Generator(tiny, until=[stop], max_new_tokens=20)
     assert stopped([prompt]) == [free.split(stop)[0]]
 
 
 def test_a_stop_string_spanning_the_prompt_end_does_not_stop_generation(tiny):
     tok = tiny.tokenizer
     prompt = tok.encode("The quick brown fox")
-    free = Generator(tiny.model, tok, until=[], max_new_tokens=10)([prompt])[0]
+    free = Generator(tiny, until=[], max_new_tokens=10)([prompt])[0]
     # the prompt's last character plus the generation's first: only in prompt + generation
     stop = "x" + free[0]
     assert stop not in free
-    assert Generator(tiny.model, tok, until=[stop], max_new_tokens=10)([prompt]) == [free]
+    assert Generator(tiny, until=[stop], max_new_tokens=10)([prompt]) == [free]
 
 
 def test_cut_at_stops_applies_every_stop_string_in_turn():
@@ -82,7 +83,7 @@ def test_cut_at_stops_applies_every_stop_string_in_turn():
 def test_prompt_renders_description_exemplars_and_document():
     task = GenerateUntilTask("t", ListSource([{"input": "2+2", "target": "4"}]), "Q: {{input}}\nA:",
                              description="Add.\n\n", fewshot=[{"input": "1+1", "target": "2"}])
-    request = task.requests()[0]
+    request = task.instances()[0]
     assert request.prompt == "Add.\n\nQ: 1+1\nA: 2\n\nQ: 2+2\nA:"
     assert request.target == "4"
 

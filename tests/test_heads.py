@@ -10,12 +10,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from conftest import reordered
+from prunebench.models.attention import attention_heads, head_gates, slot_plan
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import attention_heads, head_gates, slot_plan
 from prunebench.pruners.heads import (HIESPruner, HISPruner, RandomHeadPruner, choose_pruned, head_statistics,
                                       min_max, prune_heads)
+from prunebench.models.introspection import model_outputs
 from prunebench.pruners.score_cache import cached_scores
-from prunebench.pruners.structured import model_loss, model_outputs
+from prunebench.pruners.structured import model_loss
 
 SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import reordered
-from prunebench.pruners.attention import attention_heads
+from prunebench.models.attention import attention_heads
 from prunebench.pruners.heads import RandomHeadPruner, choose_pruned, prune_heads
 
 pytestmark = pytest.mark.real_model

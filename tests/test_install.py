@@ -41,7 +41,7 @@ def test_wheel_in_a_fresh_venv_composes_its_own_configs_and_runs_a_job(tmp_path)
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    located = subprocess.run([venv / "bin" / "python", "-c", "import prunebench.configs as c; print(c.CONF_DIR)"],
+    located = subprocess.run([venv / "bin" / "python", "-c", "import prunebench.paths as c; print(c.CONF_DIR)"],
                              cwd=work, check=True, capture_output=True, text=True).stdout.strip()
     assert located == str(site / "prunebench" / "conf")
     job = subprocess.run([venv / "bin" / "prunebench", "model=tiny-llama", "pruner=none", "task=local_mc",

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import FIXTURES, close_to, compose_cfg, shared_file
 from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
 
@@ -25,8 +26,8 @@ TINY = ["model=tiny-llama", "trainer.enable_progress_bar=false", "trainer.logger
 
 def our_tasks(*overrides: str) -> dict:
     """All seven tasks in one config: the commonsense suite plus openbookqa and commonsense_qa."""
-    extra = ["task=commonsense", "+tasks@task.tasks.openbookqa=openbookqa",
-             "+tasks@task.tasks.commonsense_qa=commonsense_qa"]
+    extra = ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa",
+             "+task_library@task.tasks.commonsense_qa=commonsense_qa"]
     tasks = validate(compose_cfg(TINY + extra + list(overrides)))
     assert sorted(tasks) == sorted(TASKS)
     return tasks
@@ -55,7 +56,7 @@ def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
 
 def our_records(loaded, task, add_bos=None, limit=None) -> list[dict]:
     options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos})
-    data, module = task.evaluation(loaded, limit, options)
+    data, module = evaluation(task, loaded, limit, options)
     Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
         module, datamodule=data, verbose=False)
     return sorted(module.records, key=lambda r: r["doc_id"])

@@ -74,7 +74,7 @@ def assert_equal_to_reference(model, docs: list[Doc], got):
 def test_one_batch_of_documents_equals_per_choice_reference(config, max_length, add_bos):
     loaded = load_tiny(name="t", config=config, seed=1)
     docs = [encode_doc(loaded.tokenizer, c, x, max_length, add_bos) for c, x in DOCUMENTS]
-    got = score_documents(loaded.model, docs)
+    got = score_documents(loaded, docs)
     assert [len(s) for s in got] == [len(d.inputs) for d in docs]
     assert_equal_to_reference(loaded.model, docs, got)
 
@@ -82,9 +82,9 @@ def test_one_batch_of_documents_equals_per_choice_reference(config, max_length, 
 def test_batching_and_logit_chunks_do_not_change_scores():
     loaded = load_tiny(name="t", config=GEMMA3, seed=2)
     docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]
-    together = score_documents(loaded.model, docs, logits_bytes=1)  # one LM-head row at a time
+    together = score_documents(loaded, docs, logits_bytes=1)  # one LM-head row at a time
     for doc, scores in zip(docs, together):
-        alone = score_choices(loaded.model, doc.inputs, doc.cont_lens, doc.conts)
+        alone = score_choices(loaded, doc.inputs, doc.cont_lens, doc.conts)
         for (a, ga), (b, gb) in zip(scores, alone):
             assert a == close_to(b, depth=3) and ga == gb  # batched vs alone: reordered sums
 

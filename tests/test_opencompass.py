@@ -12,16 +12,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from conftest import FIXTURES, close_to, compose_cfg
-from prunebench.evaluation.sequence_ppl import SequencePPLDataModule, SequencePPLModule
+from prunebench.evaluation.loglikelihood import LoglikelihoodDataModule
+from prunebench.evaluation.registry import evaluation
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
 from prunebench.tasks.ai2_format import read_question
+from prunebench.tasks.build import task_definitions
 from prunebench.tasks.multiple_choice import MultipleChoiceTask
 from prunebench.tasks.opencompass import PPLChoiceTask
 from prunebench.tasks.sources import JsonSource
-from prunebench.validate import ConfigError, task_definitions, validate
+from prunebench.validate import ConfigError, validate
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -46,9 +49,8 @@ def opencompass_value(model, ids: list[int]) -> float:
     return F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").item() / len(ids)
 
 
-def score(tiny, task, batch_tokens: int) -> tuple[float, SequencePPLDataModule, list[dict]]:
-    data = SequencePPLDataModule(task, tiny.tokenizer, tiny.max_length, batch_tokens=batch_tokens)
-    module = SequencePPLModule(tiny.model, task.name)
+def score(tiny, task, batch_tokens: int) -> tuple[float, LoglikelihoodDataModule, list[dict]]:
+    data, module = evaluation(task, tiny, None, OmegaConf.create({"batch_tokens": batch_tokens, "add_bos": None}))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     return trainer.test(module, datamodule=data, verbose=False)[0][f"{task.name}/acc"], data, module.records
 

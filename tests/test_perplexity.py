@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from conftest import compose_cfg, reordered, shared_file
 from prunebench.corpora import TextCorpus
 from prunebench.evaluation.perplexity import window_nll
+from prunebench.evaluation.registry import evaluation
 from prunebench.evaluation.windows import token_windows, window_prefix
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
@@ -53,7 +54,7 @@ def test_window_nll_equals_the_full_logits_computation():
     expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1),
                                reduction="none").view(3, -1).sum(1)
     # a sum of 19 token losses each from a log-softmax reordered against cross_entropy's, 2 layers deep
-    torch.testing.assert_close(window_nll(loaded.model, windows).float(), expected, **reordered(expected, depth=2))
+    torch.testing.assert_close(window_nll(loaded, windows).float(), expected, **reordered(expected, depth=2))
 
 
 def test_task_perplexity_is_exp_of_mean_token_nll_and_limit_caps_windows():
@@ -62,11 +63,11 @@ def test_task_perplexity_is_exp_of_mean_token_nll_and_limit_caps_windows():
     loaded = load_tiny(name="t", config=CONFIG)
     task = PerplexityTask(name="article_ppl", source=Article(), seq_len=16)
     options = OmegaConf.create({"batch_tokens": 40, "add_bos": None})
-    data, module = task.evaluation(loaded, 5, options)
+    data, module = evaluation(task, loaded, 5, options)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     result = trainer.test(module, datamodule=data, verbose=False)[0]
     assert len(data.windows) == 5 and len(module.records) == 5
-    nll = window_nll(loaded.model, data.windows)
+    nll = window_nll(loaded, data.windows)
     assert result["article_ppl/ppl"] == pytest.approx(math.exp(float(nll.sum()) / (5 * 15)), rel=1e-5)
     assert module.stderr("ppl") > 0
     assert task.lower_is_better and task.primary == "ppl"
@@ -109,7 +110,7 @@ def test_gemma_wikitext2_perplexity_is_sane():
     except ImportError as err:
         pytest.skip(f"gemma3-270m is not installed: {err}")
     task = PerplexityTask(name="wikitext2_ppl", source=WikiText2("test", str(data_dir)), seq_len=128)
-    data, module = task.evaluation(loaded, 2, OmegaConf.create({"batch_tokens": 256, "add_bos": None}))
+    data, module = evaluation(task, loaded, 2, OmegaConf.create({"batch_tokens": 256, "add_bos": None}))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     ppl = trainer.test(module, datamodule=data, verbose=False)[0]["wikitext2_ppl/ppl"]
     assert 5 < ppl < 100
@@ -119,5 +120,7 @@ def test_gemma_wikitext2_perplexity_is_sane():
 def test_default_windows_are_the_papers_2048_tokens_capped_at_the_context(task):
     from hydra.utils import instantiate
 
+    from prunebench.evaluation.perplexity import window_length
+
     ppl = instantiate(compose_cfg(["model=gemma3-270m", f"task={task}"]).task.tasks[task], _convert_="all")
-    assert ppl.window_length(32768) == 2048 and ppl.window_length(512) == 512
+    assert window_length(ppl.seq_len, 32768) == 2048 and window_length(ppl.seq_len, 512) == 512

@@ -21,8 +21,8 @@ def test_converted_gemma_prefers_paris():
         ctx, cont = encode_pair(loaded.tokenizer, "The capital of France is", city)
         seq, clen = model_input(ctx, cont, loaded.max_length)
         inputs.append(seq), lens.append(clen), conts.append(cont)
-    (paris, _), (london, _) = score_choices(loaded.model, inputs, lens, conts)
-    # DESIGN.md's sanity numbers (bf16 weights, fp32 compute here): -2.48 vs -6.70
-    # anchors measured once on the q4_k_m weights dequantised; wide enough for any fp32 kernel
+    (paris, _), (london, _) = score_choices(loaded, inputs, lens, conts)
+    # the model's known log-likelihoods for these continuations (bf16 weights, fp32 compute here): -2.48 vs -6.70,
+    # measured once on the q4_k_m weights dequantised; the bounds are wide enough for any fp32 kernel
     assert paris == pytest.approx(-2.48, abs=0.15)
     assert london == pytest.approx(-6.70, abs=0.3)

@@ -180,7 +180,7 @@ def test_only_real_tokens_of_a_scored_batch_are_counted():
     pruner = TopKRouting("moe_topk", k=1)
     pruner.apply(loaded, None, 0.5)
     pruner.start_task("t")
-    score_documents(loaded.model, docs)
+    score_documents(loaded, docs)
     shared = [common_prefix_len(d.inputs) for d in docs]
     tokens = sum(shared) + sum(len(seq) - n for d, n in zip(docs, shared) for seq in d.inputs)
     assert pruner.task_artifacts("t")["routing/t.json"]["tokens"] == tokens

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import TINY_MC, close_to, compose_cfg, reordered
-from prunebench.bench.flops import forward_flops
+from prunebench.models.attention import attention_heads
+from prunebench.models.flops import forward_flops
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import attention_heads
 from prunebench.pruners.layers import BlockInfluencePruner, LastLayersPruner, block_influence, remove_layers
 from prunebench.pruners.mop import MoPPruner, block_params
 from prunebench.pruners.width import WidthPruner, amp_scores, mlp_modules
@@ -177,3 +177,17 @@ def test_mop_job_logs_its_sequence_as_a_tag_and_structure_metrics(store, tmp_pat
     run_row = mlflow.search_runs(experiment_names=["prunebench"]).iloc[0]
     assert set(run_row["tags.mop/sequence"]) <= {"L", "G"}
     assert "metrics.mop/sequence" not in run_row
+
+
+def test_transformer_blocks_of_a_composite_model_are_its_language_models():
+    """A vision-language model's config holds the layer count in `text_config`; its vision tower
+    has as many blocks here, and is not the one pruned."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    from prunebench.models.introspection import transformer_blocks
+
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    config = LlavaConfig(text_config=LlamaConfig(**small, num_key_value_heads=2, vocab_size=128),
+                         vision_config=CLIPVisionConfig(**small, image_size=32, patch_size=8), image_token_index=5)
+    name, blocks = transformer_blocks(LlavaForConditionalGeneration(config))
+    assert name == "model.language_model.layers" and len(blocks) == 2

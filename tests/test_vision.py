@@ -13,9 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import compose_cfg
+from conftest import compose_cfg, identity_model
 from prunebench import job
 from prunebench.evaluation.classification import ClassificationModule
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
 
@@ -118,12 +119,12 @@ def test_class_count_is_checked(tmp_path):
     tasks = validate(compose_cfg(["model=tiny-vit", "task=cifar100", f"task.tasks.cifar100.source.root={tmp_path}",
                                   "sparsity=0", "pruner=none"]))
     with pytest.raises(ValueError, match="has 100 classes but model 'tiny-vit' outputs 10"):
-        tasks["cifar100"].evaluation(get_model(compose_cfg(["model=tiny-vit"]).model), None, None)
+        evaluation(tasks["cifar100"], get_model(compose_cfg(["model=tiny-vit"]).model), None, None)
 
 
 def test_top_k_match_direct_computation():
     torch.manual_seed(0)
-    module = ClassificationModule(torch.nn.Identity(), "t", ["top1", "top5"], 10)
+    module = ClassificationModule(identity_model(), "t", ["top1", "top5"], 10)
     logits, gold = torch.randn(40, 10), torch.randint(0, 10, (40,))
     module.test_step({"pixel_values": logits, "labels": gold}, 0)
     ranked = logits.argsort(-1, descending=True)
@@ -151,7 +152,7 @@ def test_pruned_vit_job_with_bench(tmp_path, store):
 def test_hies_on_vit_calibrates_on_a_labelled_train_folder(tmp_path, store):
     val, train = image_folder(tmp_path / "val", 1), image_folder(tmp_path / "train", 1)
     metrics = job.run(compose_cfg(["model=tiny-vit", "task=imagenet1k", f"task.tasks.imagenet1k.source.root={val}",
-                                   "pruner=hies", "calib=labelled", "tasks@calib.task=imagenet1k",
+                                   "pruner=hies", "calib=labelled", "task_library@calib.task=imagenet1k",
                                    f"calib.task.source.root={train}", "calib.n_samples=4", "sparsity=0.25", *QUIET]))
     assert metrics["sparsity/actual"] == 0.25 and 0 <= metrics["imagenet1k/top1"] <= 1
 

@@ -94,7 +94,7 @@ class AlpacaCalibration(Calibration):
 
 
 class TaskCalibration(Calibration):
-    """The documents of a task definition (conf/tasks/), pointed at a split that is not evaluated."""
+    """The documents of a task definition (conf/task_library/), pointed at a split that is not evaluated."""
 
     def __init__(self, task, **kwargs):
         super().__init__(TaskText(task), **kwargs)

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig
 
-from prunebench.configs import CONF_DIR
+from prunebench.paths import CONF_DIR
 from prunebench.tracking.sweep import PARENT_ENV
 
 log = logging.getLogger("prunebench")

@@ -12,12 +12,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.evaluation.progress import DocumentProgress
+from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
-from prunebench.tracking import store
 from prunebench.pruners.score_cache import cached_scores
+from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
-from prunebench.validate import validate
+from prunebench.validate import ConfigError, validate
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
-    data, module = task.evaluation(loaded, cfg.get("limit"), cfg.eval)
+    data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
     # Lightning's own bar counts batches; ours counts documents, shown where Lightning's would be
     progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
@@ -58,7 +59,12 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
 
 
 def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = None) -> dict[str, float] | None:
-    tasks = validate(cfg)
+    try:
+        tasks = validate(cfg)
+    except ConfigError as err:
+        if parent_run_id:
+            record_invalid(cfg, overrides, parent_run_id, err)
+        raise
     key = run_key(cfg)
     uri = store.tracking_uri(cfg.tracking.uri)
     exp_id = store.experiment_id(uri, cfg.tracking.experiment)
@@ -73,7 +79,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
     start = time.perf_counter()
-    with store.job_run(uri, exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id) as active:
+    with store.job_run(exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id) as active:
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         metrics, logged = execute(cfg, tasks, dense)
@@ -99,6 +105,24 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     return metrics
 
 
+def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigError) -> None:
+    """A sweep's job refused by validation still counts: a FAILED run under the sweep's parent,
+    carrying the message, so the parent's jobs_failed and the UI show it. Nothing loaded, nothing
+    else logged; a store that cannot be reached leaves the console's message as the record."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        uri = store.tracking_uri(cfg.tracking.uri)
+        client = MlflowClient(uri)
+        names = [str(OmegaConf.select(cfg, f"{group}.name", default="?")) for group in ("model", "pruner", "task")]
+        created = client.create_run(store.experiment_id(uri, cfg.tracking.experiment), run_name="|".join(names) + " (invalid)",
+                                    tags={"mlflow.parentRunId": parent_run_id, "hydra.overrides": " ".join(overrides),
+                                          "prunebench.error": f"ConfigError: {err}"[:5000]})
+        client.set_terminated(created.info.run_id, "FAILED")
+    except Exception:  # the config error is what the user must see, not a second one about the store
+        log.exception("could not record the invalid job in the store")
+
+
 def summary(metrics: dict[str, float], tasks: dict) -> str:
     """The numbers a sweep's reader scans for: each task's primary metric (the first few), then the
     averages and what the pruning achieved."""
@@ -113,7 +137,7 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
     metrics and the names already logged (each task's, as soon as it finished)."""
-    from prunebench.pruners.base import parameter_counts
+    from prunebench.models.introspection import count_parameters
 
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
@@ -135,7 +159,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
     metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
-    metrics.update(parameter_counts(loaded.model))
+    metrics["params/total"] = float(count_parameters(loaded.model))
+    metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()
     for name, task in tasks.items():
         pruner.start_task(name)

@@ -7,45 +7,12 @@ from pathlib import Path
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A bad config value; the message names the value and what would be valid."""
-
-
-# The protocol a task definition under task.tasks follows: lm-evaluation-harness's prompts and scoring.
-NATIVE_PROTOCOL = "lm_eval"
-
-
-def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
-    """Each task's definition under `task.protocol`, resolved, with the config path it came from.
-
-    `task.tasks.<name>` is lm-eval's version; another protocol's lives beside it under
-    `task.protocols.<protocol>.<name>` (conf/tasks/opencompass/), put there by the task's own config.
-    The choice is made here because Hydra's defaults list cannot select a config by a value such as
-    task.protocol, and keeping the versions apart leaves `task.tasks.<name>` a plain task definition
-    that calib=task can reuse. A definition with its own `protocol` option builds every protocol's
-    version itself (BBH) and is used as it is."""
-    protocol = cfg.task.get("protocol") or NATIVE_PROTOCOL
-    offered = cfg.task.get("protocols") or {}
-    definitions = {}
-    for name, native in cfg.task.tasks.items():
-        if name in (offered.get(protocol) or {}):
-            where = f"task.protocols.{protocol}.{name}"
-        elif protocol == NATIVE_PROTOCOL or "protocol" in native:
-            where = f"task.tasks.{name}"
-        else:
-            valid = [NATIVE_PROTOCOL, *(p for p, tasks in offered.items() if name in (tasks or {}))]
-            raise ConfigError(f"task.protocol={protocol!r}: task {name} has no {protocol} version; "
-                              f"its protocols: {valid}")
-        try:
-            definitions[name] = where, OmegaConf.to_container(OmegaConf.select(cfg, where), resolve=True)
-        except Exception as err:
-            raise ConfigError(f"{where} is misconfigured: {err}") from err
-    return definitions
+from prunebench.api.errors import ConfigError
+from prunebench.tasks.build import build_tasks
 
 
 def validate(cfg: DictConfig) -> dict:
-    """Checks the config and returns the instantiated tasks (their data sources checked)."""
+    """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
     ratio = cfg.sparsity
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
         raise ConfigError(f"sparsity={ratio!r} is outside [0, 1); use a fraction of the pruner's unit "
@@ -72,28 +39,12 @@ def validate(cfg: DictConfig) -> dict:
         raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
     if not cfg.task.get("tasks"):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
-    tasks = {}
-    for name, (where, definition) in task_definitions(cfg).items():
-        label = f"task {name}" if where == f"task.tasks.{name}" else f"task {name} ({where})"
-        try:
-            task = instantiate(definition, _convert_="all")
-            task.check()
-        except FileNotFoundError as err:
-            # sources name the task's config generically (task.tasks.<task>); here its path is known, and a
-            # version whose source is interpolated reads the lm-eval task's documents, set there
-            node = OmegaConf.select(cfg, where)
-            owner = f"task.tasks.{name}" if "source" in node and OmegaConf.is_interpolation(node, "source") else where
-            raise ConfigError(f"{label}: {str(err).replace('task.tasks.<task>', owner)}") from err
-        except Exception as err:
-            raise ConfigError(f"{label} is misconfigured: {err}") from err
-        if task.name != name:
-            raise ConfigError(f"task key {name!r} and its name {task.name!r} differ; metrics are logged "
-                              f"under the name, so keep them equal")
+    tasks = build_tasks(cfg)
+    for name, task in tasks.items():
         families = getattr(task, "families", None)
         if families and cfg.model.family not in families:
             raise ConfigError(f"task {name} cannot evaluate model={cfg.model.name!r} (family {cfg.model.family!r}); "
                               f"it evaluates: {sorted(families)}")
-        tasks[name] = task
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from prunebench.pruners.base import block_linears
+from prunebench.models.introspection import block_linears
 
 
 def is_2_4(weight: torch.Tensor) -> bool:

@@ -1,1 +1,2 @@
-"""The generic engine: requests -> tokens -> log-likelihoods -> torchmetrics, in a Lightning test loop."""
+"""One engine per request kind (registry.py): requests -> model responses -> the task's
+process_results -> torchmetrics, in a Lightning test loop."""

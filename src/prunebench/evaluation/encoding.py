@@ -1,4 +1,4 @@
-"""Context/continuation tokenisation exactly as lm-eval's HFLM does it (spec §3.1-3.2)."""
+"""Context/continuation tokenisation exactly as lm-eval's HFLM does it."""
 
 from __future__ import annotations
 

@@ -4,13 +4,16 @@ Prompts are left-padded into one batch and decoded by transformers' `generate` (
 rows finish independently, a finished row only receives padding). Stop strings are found on the
 device: transformers' StopStringCriteria matches them against the last few token ids through
 per-token tables built once, so no step decodes text. The text returned is the decoded generation
-cut before the first occurrence of each stop string (lm-eval's rule, spec §3.5), so it does not
+cut before the first occurrence of each stop string (lm-eval's rule), so it does not
 depend on the step at which a row stopped."""
 
 from __future__ import annotations
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+
+from prunebench.evaluation.batching import left_pad
+from prunebench.models.loaded import LoadedModel
 
 
 class GeneratedStopStrings(StoppingCriteria):
@@ -38,7 +41,8 @@ class Generator:
     """Greedy generation of up to `max_new_tokens` per prompt until any of `until`; like lm-eval,
     the tokenizer's EOS text joins the stop strings."""
 
-    def __init__(self, model, tokenizer, until: list[str], max_new_tokens: int):
+    def __init__(self, model: LoadedModel, until: list[str], max_new_tokens: int):
+        tokenizer = model.tokenizer
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
         eos = tokenizer.eos_token
         self.until = [*until, eos] if eos and eos not in until else list(until)
@@ -48,13 +52,9 @@ class Generator:
 
     @torch.inference_mode()
     def __call__(self, prompts: list[list[int]]) -> list[str]:
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
+        device = self.model.device
+        ids, mask = left_pad(prompts, self.pad_id)
+        width = ids.shape[1]
         criteria = StoppingCriteriaList()
         if self.stops is not None:
             self.stops.prompt_width = width

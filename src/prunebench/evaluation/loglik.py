@@ -22,6 +22,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from prunebench.evaluation.batching import left_pad
+from prunebench.models.loaded import LoadedModel
+
 # fp32 logits held at once by the LM head: chunking keeps the peak independent of how many
 # continuation tokens a batch has; 256 MiB is still >= 128 rows of a 262k vocabulary, enough rows
 # for the matmul to run at full speed.
@@ -61,14 +64,6 @@ def padded_runs(items: list, length: Callable[[object], int]) -> list[list]:
     return runs
 
 
-def lm_head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    logits = model.get_output_embeddings()(hidden)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
 class _ScoredPositions:
     """Hidden states of the positions whose next token is scored, each kept once under a key:
     (doc, position) inside a document's shared prefix, (doc, choice, position) after it."""
@@ -93,12 +88,7 @@ class _ScoredPositions:
 
 def _prefix_pass(decoder, prefixes: list[list[int]], device):
     """Left-padded prefixes -> (hidden [n, width, H], cache, padding mask [n, width])."""
-    width = max(len(p) for p in prefixes)
-    ids = torch.zeros((len(prefixes), width), dtype=torch.long)
-    mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-    for row, prefix in enumerate(prefixes):
-        ids[row, width - len(prefix):] = torch.tensor(prefix, dtype=torch.long)
-        mask[row, width - len(prefix):] = 1
+    ids, mask = left_pad(prefixes, 0)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                   use_cache=True)
@@ -158,12 +148,12 @@ def _run_forwards(decoder, docs: Sequence[Requests], shared: list[int], device) 
 
 
 @torch.inference_mode()
-def score_documents(model, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES
+def score_documents(model: LoadedModel, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES
                     ) -> list[list[tuple[float, bool]]]:
     """Per document, per choice: (sum log p(continuation), continuation is the greedy decode)."""
-    device = next(model.parameters()).device
+    device = model.device
     shared = [common_prefix_len(doc.inputs) for doc in docs]
-    scored = _run_forwards(model.get_decoder(), docs, shared, device)
+    scored = _run_forwards(model.decoder(), docs, shared, device)
     hidden = scored.hidden()
 
     entry_rows, targets = [], []
@@ -177,9 +167,9 @@ def score_documents(model, docs: Sequence[Requests], logits_bytes: int = LOGITS_
 
     token_lp = torch.empty(len(targets), device=device)
     greedy = torch.empty(len(targets), dtype=torch.bool, device=device)
-    chunk = max(1, logits_bytes // (4 * model.get_output_embeddings().weight.shape[0]))
+    chunk = max(1, logits_bytes // (4 * model.vocab_size))
     for start in range(0, hidden.shape[0], chunk):
-        logprobs = torch.log_softmax(lm_head_logits(model, hidden[start:start + chunk]).float(), dim=-1)
+        logprobs = torch.log_softmax(model.lm_logits(hidden[start:start + chunk]).float(), dim=-1)
         sel = (entry_rows >= start) & (entry_rows < start + chunk)
         rows = entry_rows[sel] - start
         token_lp[sel] = logprobs[rows, targets[sel]]
@@ -203,7 +193,7 @@ class _Doc:
     conts: list[list[int]]
 
 
-def score_choices(model, inputs: list[list[int]], cont_lens: list[int], conts: list[list[int]]
+def score_choices(model: LoadedModel, inputs: list[list[int]], cont_lens: list[int], conts: list[list[int]]
                   ) -> list[tuple[float, bool]]:
     """`score_documents` for a single document's requests."""
     return score_documents(model, [_Doc(inputs, cont_lens, conts)])[0]

@@ -1,4 +1,6 @@
-"""Token-level perplexity of a causal LM over token windows, in Trainer.test."""
+"""The `loglikelihood_rolling` engine: a text cut into consecutive token windows (windows.py), each
+window's summed NLL, the task's process_results per window, and token-level perplexity in
+Trainer.test."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
-from prunebench.evaluation.loglik import lm_head_logits
+from prunebench.api.metrics import mean_stderr
+from prunebench.api.requests import Document
+from prunebench.evaluation.windows import TokenWindowDataModule
+from prunebench.models.loaded import LoadedModel
 
 # logits held at once: with Gemma's 262k vocabulary a whole 2048-token window would take 2 GB
 LOGIT_BUDGET = 1 << 26
@@ -36,45 +41,57 @@ class TokenPerplexity(torchmetrics.Metric):
 
 
 @torch.inference_mode()
-def window_nll(model, windows: torch.Tensor) -> torch.Tensor:
+def window_nll(model: LoadedModel, windows: torch.Tensor) -> torch.Tensor:
     """Summed NLL of positions 1.. of each window given the positions before it; the LM head runs
     on a few positions at a time."""
-    hidden = model.get_decoder()(input_ids=windows, use_cache=False).last_hidden_state[:, :-1]
+    hidden = model.decoder()(input_ids=windows, use_cache=False).last_hidden_state[:, :-1]
     targets = windows[:, 1:]
-    step = max(1, LOGIT_BUDGET // model.get_output_embeddings().weight.shape[0])
+    step = max(1, LOGIT_BUDGET // model.vocab_size)
     out = torch.zeros(len(windows), dtype=torch.float64, device=windows.device)
     for row in range(len(windows)):
         for start in range(0, targets.shape[1], step):
-            logits = lm_head_logits(model, hidden[row, start:start + step]).float()
+            logits = model.lm_logits(hidden[row, start:start + step]).float()
             out[row] += F.cross_entropy(logits, targets[row, start:start + step], reduction="sum").double()
     return out
 
 
 class PerplexityModule(L.LightningModule):
-    def __init__(self, model: torch.nn.Module, task_name: str):
+    """Each window is a document of the rolling request: process_results makes its record."""
+
+    def __init__(self, model: LoadedModel, task):
         super().__init__()
-        self.model = model
-        self.task_name = task_name
+        self.model, self.adapter, self.task = model.model, model, task
         self.ppl = TokenPerplexity()
         self.records: list[dict] = []
 
     def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        nll = window_nll(self.model, batch)
+        nll = window_nll(self.adapter, batch)
         count = batch.shape[1] - 1
         self.ppl.update(nll, torch.full_like(nll, count, dtype=torch.long))
         for value in nll.tolist():
-            self.records.append({"window": len(self.records), "tokens": count, "nll": value,
-                                 "ppl": math.exp(value / count)})
-        self.log(f"{self.task_name}/ppl", self.ppl, on_step=False, on_epoch=True, batch_size=len(batch))
+            self.records.append(self.task.process_results(Document(len(self.records), []), [(value, count)]))
+        self.log(f"{self.task.name}/ppl", self.ppl, on_step=False, on_epoch=True, batch_size=len(batch))
 
     def stderr(self, name: str) -> float:
         """Delta method over windows: ppl x the standard error of the per-window mean NLL (the
         metric object is reset when the test epoch ends, so this reads the records)."""
-        means = [r["nll"] / r["tokens"] for r in self.records]
-        n = len(means)
-        if n < 2:
-            return float("nan")
-        mean = sum(means) / n
-        se = math.sqrt(sum((m - mean) ** 2 for m in means) / (n - 1) / n)
+        se = mean_stderr([r["nll"] / r["tokens"] for r in self.records])
         ppl = math.exp(sum(r["nll"] for r in self.records) / sum(r["tokens"] for r in self.records))
         return ppl * se
+
+
+def window_length(seq_len: int | None, max_length: int) -> int:
+    """The request's window length capped at the model's context; null = that context."""
+    return min(seq_len, max_length) if seq_len else max_length
+
+
+def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[TokenWindowDataModule,
+                                                                               PerplexityModule]:
+    """`limit` counts windows, on top of the request's own cap."""
+    model.check_lm_head()
+    (request,) = task.instances()[0].requests
+    caps = [c for c in (request.max_windows, limit) if c]
+    data = TokenWindowDataModule(request.text, model.tokenizer, window_length(request.seq_len, model.max_length),
+                                 limit=min(caps) if caps else None, batch_tokens=options.batch_tokens,
+                                 add_bos=options.add_bos)
+    return data, PerplexityModule(model, task)

@@ -12,7 +12,7 @@ def load_encoder(*, path: str, name: str, family: str = "encoder", dtype: str = 
     model = AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length), info={"path": str(path)})
+                       max_length=model_max_length(model.config, tokenizer, max_length))
 
 
 def load_minilm_l6(**kwargs) -> LoadedModel:

@@ -17,5 +17,4 @@ def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: st
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length),
-                       info={"path": str(path)})
+                       max_length=model_max_length(model.config, tokenizer, max_length))

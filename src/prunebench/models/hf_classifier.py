@@ -10,9 +10,9 @@ import torch
 from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
 
 
-def _loaded(model, tokenizer, name: str, family: str, max_length: int | None, info: dict) -> LoadedModel:
+def _loaded(model, tokenizer, name: str, family: str, max_length: int | None) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length), info=info)
+                       max_length=model_max_length(model.config, tokenizer, max_length))
 
 
 def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", dtype: str = "float32",
@@ -24,7 +24,7 @@ def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", d
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision,
                                                                trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    return _loaded(model.to(device).eval(), tokenizer, name, family, max_length, {"path": str(path)})
+    return _loaded(model.to(device).eval(), tokenizer, name, family, max_length)
 
 
 def load_tiny_classifier(*, name: str, config: dict, labels: list[str], family: str = "encoder", seed: int = 0,
@@ -42,4 +42,4 @@ def load_tiny_classifier(*, name: str, config: dict, labels: list[str], family: 
                                      id2label=dict(enumerate(labels or ["score"])), **cfg)
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(hf_config).to(device).eval()
-    return _loaded(model, tokenizer, name, family, max_length, {})
+    return _loaded(model, tokenizer, name, family, max_length)

@@ -1,24 +1,84 @@
+"""The model adapter: what the engines (evaluation/) and pruners need of a model, so that they never
+reach into a model family's classes. A family whose forward or preprocessing differs subclasses
+LoadedModel and overrides what differs; the engines stay as they are."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from prunebench.models.introspection import model_outputs
 
 
 @dataclass
 class LoadedModel:
-    """A model ready for pruning and evaluation, with what the evaluators need to know about it."""
+    """`tokenizer` turns text into ids; `processor` (a vision-language model's, else None) also
+    turns images into model inputs. `max_length`: the positions one sequence may use."""
 
     model: torch.nn.Module
     tokenizer: object
     name: str
     family: str
     max_length: int
-    info: dict = field(default_factory=dict)
+    processor: object = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template an instruction-tuned model's prompts are rendered with (None: a base model)."""
+        return getattr(self.processor or self.tokenizer, "chat_template", None)
+
+    def decoder(self) -> torch.nn.Module:
+        """The body whose hidden states the LM head turns into logits (run without the head, which
+        with a large vocabulary costs more than the body, wherever only some positions are scored)."""
+        return self.model.get_decoder()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over `hidden`, then what the families known here do after it in their own
+        forward: Cohere's `logit_scale`, Granite's `logits_scaling`, Gemma's final soft-capping.
+        `check_lm_head` refuses a model whose forward does anything else."""
+        logits = self.model.get_output_embeddings()(hidden)
+        config = getattr(self.model.config, "text_config", self.model.config)
+        scale = getattr(config, "logit_scale", None)
+        if scale:
+            logits = logits * scale
+        scaling = getattr(config, "logits_scaling", None)
+        if scaling:
+            logits = logits / scaling
+        cap = getattr(config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    @torch.no_grad()
+    def check_lm_head(self) -> None:
+        """The scorers apply the head only at scored positions (`lm_logits` over the decoder's
+        hidden states); on a probe that must give the model's own logits. 1% of the largest logit:
+        the two paths run the same kernels, while an unknown scaling or capping moves logits more."""
+        probe = (torch.arange(1, 9, device=self.device) % self.vocab_size)[None]
+        want = self.model(input_ids=probe).logits[0].float()
+        got = self.lm_logits(self.decoder()(input_ids=probe).last_hidden_state)[0].float()
+        gap = float((got - want).abs().max())
+        if gap > 1e-2 * max(float(want.abs().max()), 1e-6):
+            raise ValueError(f"model {self.name!r} ({type(self.model).__name__}) turns hidden states into logits "
+                             f"in a way the scorer does not know (its own logits differ from the LM head's by "
+                             f"{gap:.3g} on a probe); scoring it would be wrong, so it is refused")
+
+    def generate(self, **kwargs) -> torch.Tensor:
+        return self.model.generate(**kwargs)
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A classifier's logits for a batch of its inputs (text encodings, or `pixel_values`)."""
+        out = model_outputs(self.model, batch)
+        return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

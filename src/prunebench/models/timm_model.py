@@ -19,5 +19,4 @@ def load_timm(*, name: str, arch: str, pretrained: bool = False, checkpoint_path
     torch.manual_seed(seed)  # random weights (pretrained=false, no checkpoint) are reproducible
     model = timm.create_model(arch, pretrained=pretrained, checkpoint_path=checkpoint_path or "", **options)
     model = model.to(device=device, dtype=resolve_dtype(dtype)).eval()
-    return LoadedModel(model=model, tokenizer=None, name=name, family=family, max_length=0,
-                       info={"arch": arch, "checkpoint_path": checkpoint_path or ""})
+    return LoadedModel(model=model, tokenizer=None, name=name, family=family, max_length=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from prunebench.models.loaded import LoadedModel, model_max_length
+from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -45,6 +45,6 @@ def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int =
     hf_config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **cfg)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=resolve_dtype(dtype)).to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
                        max_length=model_max_length(hf_config, tokenizer, max_length))

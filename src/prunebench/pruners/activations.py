@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from prunebench.pruners.base import transformer_blocks
+from prunebench.models.introspection import transformer_blocks
 from prunebench.pruners.matrices import Matrix, input_hooks
 
 

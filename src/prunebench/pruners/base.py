@@ -50,32 +50,3 @@ class NoPruner(Pruner):
 
     def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
         return {}
-
-
-def transformer_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
-    """The repeated blocks (decoder layers, encoder layers): the ModuleList as long as the
-    config's layer count. Embeddings and heads live outside it and are never pruned."""
-    n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return name, module
-    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} "
-                     f"(no ModuleList of num_hidden_layers={n_layers})")
-
-
-def block_linears(model: torch.nn.Module, skip_layers=()) -> dict[str, torch.nn.Linear]:
-    prefix, blocks = transformer_blocks(model)
-    out = {}
-    for idx, block in enumerate(blocks):
-        if idx in set(skip_layers):
-            continue
-        for name, module in block.named_modules():
-            if isinstance(module, torch.nn.Linear):
-                out[f"{prefix}.{idx}.{name}"] = module
-    return out
-
-
-def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
-    total = sum(p.numel() for p in model.parameters())
-    nonzero = sum(int(torch.count_nonzero(p)) for p in model.parameters())
-    return {"params/total": float(total), "params/nonzero": float(nonzero)}

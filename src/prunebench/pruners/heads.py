@@ -12,8 +12,8 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
+from prunebench.models.attention import Heads, attention_heads, eager_attention, head_gates, sync_config
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import Heads, attention_heads, eager_attention, head_gates, sync_config
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, model_loss, observe
 
 SCOPES = ("global", "layer")

@@ -12,8 +12,8 @@ from contextlib import ExitStack
 import torch
 from torch import nn
 
+from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.base import transformer_blocks
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
 

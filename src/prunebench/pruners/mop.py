@@ -20,18 +20,18 @@ import random
 
 import torch
 
+from prunebench.models.attention import attention_heads
+from prunebench.models.introspection import count_parameters, transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import attention_heads
-from prunebench.pruners.base import transformer_blocks
 from prunebench.pruners.layers import remove_layers
-from prunebench.pruners.structured import StructuredPruner, calibration_batches, count_params, model_loss
+from prunebench.pruners.structured import StructuredPruner, calibration_batches, model_loss
 from prunebench.pruners.width import IN_PROJS, amp_scores, kept, mlp_modules, prune_width, width_of
 
 SELECTORS = ("random", "perplexity")
 
 
 def block_params(model: torch.nn.Module) -> int:
-    return count_params(transformer_blocks(model)[1])
+    return count_parameters(transformer_blocks(model)[1])
 
 
 @torch.no_grad()
@@ -92,7 +92,7 @@ class MoPPruner(StructuredPruner):
             goal = now - min(step, now - target)
             width = next((f for f in thresholds
                           if f > fraction and now - width_removal(sizes, original, f) <= goal), None)
-            options = [c for c, ok in (("L", len(blocks) > 2 and count_params(blocks[-3]) <= now - target),
+            options = [c for c, ok in (("L", len(blocks) > 2 and count_parameters(blocks[-3]) <= now - target),
                                        ("G", width is not None)) if ok]
             if not options:
                 break

@@ -20,8 +20,9 @@ import torch
 from hydra.utils import get_class
 from torch import nn
 
+from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.base import Pruner, transformer_blocks
+from prunebench.pruners.base import Pruner
 from prunebench.pruners.routing_telemetry import RoutingTelemetry
 
 # model_type -> router class; all four return (logits, weights, experts) from softmax probabilities

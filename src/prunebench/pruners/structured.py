@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from prunebench.bench.flops import forward_flops
+from prunebench.models.flops import forward_flops
+from prunebench.models.introspection import count_parameters, model_outputs
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.base import Pruner
 
@@ -23,12 +24,6 @@ def calibration_batches(loaded: LoadedModel, calib, batch_size: int) -> list[dic
     ids = calib.samples(loaded.tokenizer).to(loaded.device)
     labelled = loaded.family == "causal_lm"
     return [{"input_ids": chunk, **({"labels": chunk} if labelled else {})} for chunk in ids.split(batch_size)]
-
-
-def model_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
-    if "pixel_values" in batch:  # timm models take the image tensor positionally, and no labels
-        return model(batch["pixel_values"])
-    return model(**batch)
 
 
 def observe(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
@@ -55,10 +50,6 @@ def model_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.
     return out.loss
 
 
-def count_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 class StructuredPruner(Pruner):
     """A pruner that changes shapes. `prune` returns the ratio in its own unit (`sparsity/actual`)
     and anything else it measured; `apply` adds the fraction of the model's parameters and forward
@@ -68,9 +59,9 @@ class StructuredPruner(Pruner):
         raise NotImplementedError
 
     def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float | str]:
-        params, flops = count_params(loaded.model), forward_flops(loaded)
+        params, flops = count_parameters(loaded.model), forward_flops(loaded)
         stats = self.prune(loaded, scores, sparsity)
         after = forward_flops(loaded)
         (name, value), = after.items()
-        return {**stats, "sparsity/params": 1 - count_params(loaded.model) / params, name: value,
+        return {**stats, "sparsity/params": 1 - count_parameters(loaded.model) / params, name: value,
                 "sparsity/flops": 1 - value / flops[name]}

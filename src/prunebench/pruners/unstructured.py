@@ -12,9 +12,10 @@ from contextlib import contextmanager
 
 import torch
 
+from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
-from prunebench.pruners.base import Pruner, transformer_blocks
+from prunebench.pruners.base import Pruner
 from prunebench.pruners.masks import lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
+from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import Heads, attention_heads, sync_config
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
 IN_PROJS = ("gate_proj", "up_proj")

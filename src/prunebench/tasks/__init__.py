@@ -1,1 +1,2 @@
-"""Tasks are declarative data (source, prompt, choices, metric); the engine in evaluation/ is generic."""
+"""Tasks are data: documents -> typed requests (api/requests.py) -> process_results per document.
+They import nothing of evaluation/; the engine of a task's request kind runs it."""

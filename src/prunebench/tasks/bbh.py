@@ -1,6 +1,7 @@
 """BIG-Bench-Hard: 27 generate_until subtasks in one table, as lm-eval runs them (bbh_zeroshot,
-bbh_fewshot, bbh_cot_fewshot; spec §2.7) or as OpenCompass does (3-shot CoT `bbh_gen`, zero-shot
-`bbh_0shot_nocot_gen`; spec §5).
+bbh_fewshot, bbh_cot_fewshot) or as OpenCompass does (3-shot CoT `bbh_gen`, zero-shot
+`bbh_0shot_nocot_gen`). The subtasks are data (bbh_subtasks.yaml); this module holds the
+answer filters that table names and how a variant builds a member task from an entry.
 
 The answer filters re-implement lm-eval 0.4.13's (`lm_eval/tasks/bbh/zeroshot/utils.py`,
 `filters/extraction.py`) and OpenCompass's post-processors (`opencompass/datasets/bbh.py`) rule for
@@ -15,6 +16,8 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+import yaml
 
 from prunebench.tasks import bigbench_sdist
 from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TakeFirst, TaskGroup
@@ -172,64 +175,23 @@ class Subtask:
         return isinstance(self.answer, OptionLetter)
 
 
-_LETTERS = OptionLetter()
-_YES_NO = Regex(r"\b(Yes|No|yes|no)\b")
-_DEDUCTION = "A logical deduction task which requires deducing the order of a sequence of objects.\n\n"
-_SHUFFLED = ("A task requiring determining the final positions of a set of objects given their initial "
-             "positions and a description of a sequence of swaps.\n\n")
-SUBTASKS: dict[str, Subtask] = {
-    "boolean_expressions": Subtask("Evaluate the result of a random Boolean expression.\n\n",
-                                   Regex(r"\b(True|False)\b"), None),
-    "causal_judgement": Subtask("Answer questions about causal attribution.\n\n", _YES_NO, "causal_judgment"),
-    "date_understanding": Subtask("Infer the date from context.\n\n", _LETTERS, "date_understanding"),
-    "disambiguation_qa": Subtask("Clarify the meaning of sentences with ambiguous pronouns.\n\n", _LETTERS,
-                                 "disambiguation_qa"),
-    "dyck_languages": Subtask("Correctly close a Dyck-n word.\n\n",
-                              Regex(r"(?<= )([\" \[\(<{}>\)\]]+)|([\" \[\(<{}>\)\]]+)"), "dyck_languages"),
-    "formal_fallacies": Subtask("Distinguish deductively valid arguments from formal fallacies.\n\n",
-                                Regex(r"\b(valid|invalid)\b"), "formal_fallacies_syllogisms_negation"),
-    "geometric_shapes": Subtask("Name geometric shapes from their SVG paths.\n\n", _LETTERS, "geometric_shapes"),
-    "hyperbaton": Subtask("Order adjectives correctly in English sentences.\n\n", _LETTERS, "hyperbaton"),
-    "logical_deduction_five_objects": Subtask(_DEDUCTION, _LETTERS, "logical_deduction/five_objects"),
-    "logical_deduction_seven_objects": Subtask(_DEDUCTION, _LETTERS, "logical_deduction/seven_objects"),
-    "logical_deduction_three_objects": Subtask(_DEDUCTION, _LETTERS, "logical_deduction/three_objects"),
-    "movie_recommendation": Subtask("Recommend movies similar to the given list of movies.\n\n", _LETTERS,
-                                    "movie_recommendation"),
-    "multistep_arithmetic_two": Subtask("Solve multi-step arithmetic problems.\n\n", NumberAnswer(), None),
-    "navigate": Subtask("Given a series of navigation instructions, determine whether one would end up back at "
-                        "the starting point.\n\n", _YES_NO, "navigate", {"True": "Yes", "False": "No"}),
-    "object_counting": Subtask("Questions that involve enumerating objects and asking the model to count them.\n\n",
-                               NumberAnswer(), "object_counting"),
-    "penguins_in_a_table": Subtask("Answer questions about a table of penguins and their attributes.\n\n", _LETTERS,
-                                   "penguins_in_a_table"),
-    "reasoning_about_colored_objects": Subtask("Answer extremely simple questions about the colors of objects on a "
-                                               "surface.\n\n", _LETTERS, "reasoning_about_colored_objects"),
-    "ruin_names": Subtask("Select the humorous edit that 'ruins' the input movie or musical artist name.\n\n",
-                          _LETTERS, "ruin_names"),
-    "salient_translation_error_detection": Subtask("Detect the type of error in an English translation of a German "
-                                                   "source sentence.\n\n", _LETTERS,
-                                                   "salient_translation_error_detection"),
-    "snarks": Subtask("Determine which of two sentences is sarcastic.\n\nAccording to Cambridge University "
-                      "Dictionary, sarcasm is \"the use of remarks that clearly mean the opposite of what they say, "
-                      "made in order to hurt someone's feelings or to criticize something in a humorous way.\" "
-                      "Sarcastic sentences often contain satirical or ironic utterances, hyperboles, ambivalent or "
-                      "witty remarks.\n\n", _LETTERS, "snarks"),
-    "sports_understanding": Subtask("Determine whether an artificially constructed sentence relating to sports is "
-                                    "plausible or not.\n\n",
-                                    MappedAnswer({r"\b(no|not plausible)\b": "no", r"\b(yes|plausible)\b": "yes"}),
-                                    "sports_understanding", {"plausible": "yes", "implausible": "no"}),
-    "temporal_sequences": Subtask("Task description: Answer questions about which times certain events could have "
-                                  "occurred.\n\n", _LETTERS, "temporal_sequences"),
-    "tracking_shuffled_objects_five_objects": Subtask(_SHUFFLED, _LETTERS, "tracking_shuffled_objects/five_objects"),
-    "tracking_shuffled_objects_seven_objects": Subtask(_SHUFFLED, _LETTERS,
-                                                       "tracking_shuffled_objects/seven_objects"),
-    "tracking_shuffled_objects_three_objects": Subtask(_SHUFFLED, _LETTERS,
-                                                       "tracking_shuffled_objects/three_objects"),
-    "web_of_lies": Subtask("Evaluate a random boolean function expressed as a word problem.\n\n",
-                           MappedAnswer({r"\b(no|does not tell the truth|is not telling the truth)\b": "no",
-                                         r"\b(yes|tells the truth|is telling the truth)\b": "yes"}), None),
-    "word_sorting": Subtask("Sort a list of words.\n\n", SortedWords(), "word_sorting"),
-}
+# the answer filters the subtask table names (`answer:` a name, or {name: its argument})
+ANSWERS = {"option_letter": OptionLetter, "number": NumberAnswer, "sorted_words": SortedWords, "regex": Regex,
+           "mapped": MappedAnswer}
+
+
+def load_subtasks(path: Path = Path(__file__).with_name("bbh_subtasks.yaml")) -> dict[str, Subtask]:
+    """The subtask table: a new BBH-style subtask is one entry there, not code."""
+    subtasks = {}
+    for name, entry in yaml.safe_load(path.read_text(encoding="utf-8")).items():
+        answer = entry["answer"]
+        (kind, argument), = answer.items() if isinstance(answer, dict) else [(answer, None)]
+        subtasks[name] = Subtask(entry["description"], ANSWERS[kind]() if argument is None else ANSWERS[kind](argument),
+                                 entry["bigbench"], entry.get("bigbench_answers"))
+    return subtasks
+
+
+SUBTASKS = load_subtasks()
 
 COT_CUE = "Let's think step by step."
 # lm-eval's bbh_zeroshot exact match: these removed from both strings, then case ignored

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
-from prunebench.evaluation.classification import METRICS, REGRESSION_METRICS
+from prunebench.api.metrics import CLASS_METRICS, REGRESSION_METRICS
+from prunebench.api.requests import CLASSIFY
 from prunebench.tasks.sources import DocSource
 
 
@@ -16,13 +18,14 @@ class ClassificationTask:
     """Examples are (input, label) pairs; `collate(loaded)` turns a list of them into a batch of
     model inputs with `labels`, the same for evaluation and for labelled calibration (HIS)."""
 
-    lower_is_better = False
-    families: frozenset[str] = frozenset()
+    kind: ClassVar[str] = CLASSIFY
+    lower_is_better: ClassVar[bool] = False
+    families: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, source, metrics: Sequence[str], primary: str, batch_size: int = 32):
         self.name, self.source, self.metrics, self.primary = name, source, list(metrics), primary
         self.batch_size = batch_size
-        valid = REGRESSION_METRICS if self.regression else METRICS
+        valid = REGRESSION_METRICS if self.regression else CLASS_METRICS
         bad = [m for m in self.metrics if m not in valid]
         if bad:
             raise ValueError(f"task {name}: unknown metric(s) {bad}; valid: {sorted(valid)}")
@@ -53,13 +56,6 @@ class ClassificationTask:
 
     def collate(self, loaded):
         raise NotImplementedError
-
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        from prunebench.evaluation.classification import ClassificationDataModule, ClassificationModule
-
-        self.check_model(loaded)
-        data = ClassificationDataModule(self.examples(limit), self.collate(loaded), self.batch_size)
-        return data, ClassificationModule(loaded.model, self.name, self.metrics, self.num_labels)
 
     def labelled_batches(self, loaded, n_samples: int, seed: int, batch_size: int) -> list[dict[str, torch.Tensor]]:
         """`n_samples` examples drawn by `seed`, as model-input batches with labels (HIS's task loss)."""

@@ -1,4 +1,4 @@
-"""A `generate_until` task, built the way lm-eval builds that output type (spec §2.7, §3.5): each
+"""A `generate_until` task, built the way lm-eval builds that output type: each
 document becomes one prompt (description, few-shot exemplars, the document), the model generates
 greedily until a stop string, answer filters turn the text into answers, exact match scores them.
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+from prunebench.api.requests import GENERATE_UNTIL, Document, GenerateUntil
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import resolve
 
@@ -69,14 +70,15 @@ class ExactMatch:
 
 
 @dataclass
-class Request:
+class Request(Document):
     """One document as a generation request of the member task `task`."""
 
-    task: str
-    doc_id: int
-    doc: dict
-    prompt: str
-    target: str
+    task: str = ""
+    target: str = ""
+
+    @property
+    def prompt(self) -> str:
+        return self.requests[0].prompt
 
 
 @dataclass
@@ -85,6 +87,10 @@ class GenerateUntilTask:
     headline); `target_filter` normalises the reference too (OpenCompass's option letters).
     `fewshot`: exemplar documents, rendered with the same templates, `target_delimiter` between
     question and answer and `fewshot_delimiter` after each."""
+
+    kind: ClassVar[str] = GENERATE_UNTIL
+    lower_is_better: ClassVar[bool] = False
+    grouped: ClassVar[bool] = False  # evaluated alone: no group score
 
     name: str
     source: DocSource
@@ -101,8 +107,6 @@ class GenerateUntilTask:
     target_filter: AnswerFilter | None = None
     primary: str | None = None
 
-    lower_is_better = False
-
     def __post_init__(self):
         self.until = list(self.until)
         self.primary = self.primary or next(iter(self.filters))
@@ -114,6 +118,10 @@ class GenerateUntilTask:
     @property
     def metrics(self) -> list[str]:
         return list(self.filters)
+
+    @property
+    def members(self) -> list[GenerateUntilTask]:
+        return [self]
 
     def check(self) -> None:
         self.source.check()
@@ -127,8 +135,8 @@ class GenerateUntilTask:
                         + self.fewshot_delimiter for ex in self.fewshot)
         return self.description + shots + resolve(self.doc_to_text, doc)
 
-    def requests(self, limit: int | None = None) -> list[Request]:
-        return [Request(self.name, i, doc, self.prompt(doc), str(resolve(self.doc_to_target, doc)))
+    def instances(self, limit: int | None = None) -> list[Request]:
+        return [Request(i, [GenerateUntil(self.prompt(doc))], doc, self.name, str(resolve(self.doc_to_target, doc)))
                 for i, doc in enumerate(self.docs(limit))]
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
@@ -137,17 +145,11 @@ class GenerateUntilTask:
         answers = {name: f(response, request.doc) for name, f in self.filters.items()}
         return answers, {name: self.metric(answer, target) for name, answer in answers.items()}
 
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        return generation_evaluation([self], None, loaded, limit, options)
-
-
-def mean_stderr(values: list[float]) -> float:
-    """lm-eval's mean_stderr: sample standard deviation (n - 1) over sqrt(n)."""
-    n = len(values)
-    if n < 2:
-        return float("nan")
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    def process_results(self, request: Request, responses: list[str]) -> dict:
+        (response,) = responses
+        answers, values = self.score(response, request)
+        return {"task": request.task, "doc_id": request.doc_id, "prompt": request.prompt, "target": request.target,
+                "response": response, **{f"{m}_answer": a for m, a in answers.items()}, **values}
 
 
 @dataclass
@@ -156,11 +158,13 @@ class TaskGroup:
     weighted by each member's evaluated documents (`weight_by_size`, lm-eval's group score) or the
     plain mean of the member scores (OpenCompass's summariser)."""
 
+    kind: ClassVar[str] = GENERATE_UNTIL
+    lower_is_better: ClassVar[bool] = False
+    grouped: ClassVar[bool] = True
+
     name: str
     tasks: list[GenerateUntilTask]
     weight_by_size: bool = True
-
-    lower_is_better = False
 
     def __post_init__(self):
         if not self.tasks:
@@ -172,6 +176,10 @@ class TaskGroup:
                                  f"max_gen_toks or metrics; a group's requests are generated together")
 
     @property
+    def members(self) -> list[GenerateUntilTask]:
+        return self.tasks
+
+    @property
     def metrics(self) -> list[str]:
         return self.tasks[0].metrics
 
@@ -179,9 +187,24 @@ class TaskGroup:
     def primary(self) -> str:
         return self.tasks[0].primary
 
+    @property
+    def until(self) -> list[str]:
+        return self.tasks[0].until
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self.tasks[0].max_gen_toks
+
     def check(self) -> None:
         for task in self.tasks:
             task.check()
+
+    def instances(self, limit: int | None = None) -> list[Request]:
+        """Every member's requests (`limit` per member); each names its member task."""
+        return [request for task in self.tasks for request in task.instances(limit)]
+
+    def process_results(self, request: Request, responses: list[str]) -> dict:
+        return next(t for t in self.tasks if t.name == request.task).process_results(request, responses)
 
     def aggregate(self, means: list[float], stderrs: list[float], sizes: list[int]) -> tuple[float, float]:
         """(group score, its standard error): lm-eval's pooled_sample_stderr for the size-weighted
@@ -194,16 +217,3 @@ class TaskGroup:
             pooled = sum((n - 1) * se ** 2 * n for se, n in zip(stderrs, sizes)) / (total - len(sizes))
             return score, math.sqrt(pooled / total)
         return sum(means) / len(means), math.sqrt(sum(se ** 2 for se in stderrs)) / len(stderrs)
-
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        return generation_evaluation(self.tasks, self, loaded, limit, options)
-
-
-def generation_evaluation(tasks: list[GenerateUntilTask], group: TaskGroup | None, loaded, limit: int | None,
-                          options) -> tuple:
-    from prunebench.evaluation.generation import GenerationDataModule, GenerationModule
-
-    first = tasks[0]
-    data = GenerationDataModule(tasks, loaded.tokenizer, loaded.max_length, first.max_gen_toks, limit=limit,
-                                batch_tokens=options.batch_tokens, add_bos=options.add_bos)
-    return data, GenerationModule(loaded.model, loaded.tokenizer, tasks, group)

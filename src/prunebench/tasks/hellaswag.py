@@ -1,4 +1,4 @@
-"""HellaSwag: lm-eval's preprocessing (spec §2.3), and readers for the release's jsonl (the hub's
+"""HellaSwag: lm-eval's preprocessing, and readers for the release's jsonl (the hub's
 schema) and for llama.cpp's text copy.
 
 llama.cpp's `hellaswag_val_full.txt` (6 lines per item: "activity_label: ctx", the gold index, four

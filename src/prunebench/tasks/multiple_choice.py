@@ -1,9 +1,16 @@
-"""A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice` (spec §1.3-1.5)."""
+"""A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice`:
+each choice a `loglikelihood` request, the highest summed (acc) or per-character (acc_norm)
+log-likelihood the prediction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+import torchmetrics
+
+from prunebench.api.metrics import CLASS_METRICS, first_argmax
+from prunebench.api.requests import LOGLIKELIHOOD, Document, Loglikelihood, LoglikelihoodResponse
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
 
@@ -14,19 +21,26 @@ METRICS = PER_DOC_METRICS + CORPUS_METRICS
 
 
 @dataclass
-class Instance:
-    """One document as loglikelihood requests: request i is (contexts[i], continuations[i])."""
+class Instance(Document):
+    """One document as loglikelihood requests, one per choice."""
 
-    doc_id: int
-    contexts: list[str]
-    continuations: list[str]
-    gold: int
-    choice_lengths: list[int]  # characters of each choice, without the delimiter (acc_norm)
-    doc: dict = field(repr=False, default_factory=dict)
+    gold: int = -1
+    choice_lengths: list[int] = field(default_factory=list)  # characters of each choice, without the delimiter (acc_norm)
+
+    @property
+    def contexts(self) -> list[str]:
+        return [r.context for r in self.requests]
+
+    @property
+    def continuations(self) -> list[str]:
+        return [r.continuation for r in self.requests]
 
 
 @dataclass
 class MultipleChoiceTask:
+    kind: ClassVar[str] = LOGLIKELIHOOD
+    lower_is_better: ClassVar[bool] = False
+
     name: str
     source: DocSource
     doc_to_text: object
@@ -46,33 +60,28 @@ class MultipleChoiceTask:
         if self.primary not in self.metrics:
             raise ValueError(f"task {self.name}: primary={self.primary!r} must be one of metrics {self.metrics}")
 
-    lower_is_better = False
-
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        """The (LightningDataModule, LightningModule) pair that evaluates this task in Trainer.test."""
-        from prunebench.evaluation.datamodule import MultipleChoiceDataModule
-        from prunebench.evaluation.module import MultipleChoiceModule
-
-        data = MultipleChoiceDataModule(self, loaded.tokenizer, loaded.max_length, limit=limit,
-                                        batch_tokens=options.batch_tokens, add_bos=options.add_bos)
-        data.setup("test")
-        num_choices = self.corpus_classes([doc.instance for batch in data.batches for doc in batch])
-        return data, MultipleChoiceModule(loaded.model, self.name, self.metrics, num_choices)
+    def metric_objects(self, instances: list[Instance]) -> dict[str, torchmetrics.Metric]:
+        """`acc` / `acc_norm` are means of per-document hits; `mcc` / `f1` (lm-eval's GLUE metrics) are
+        computed over all documents at once, with the chosen index (argmax log-likelihood) as the
+        predicted class and the gold index as the label."""
+        num_choices = self.corpus_classes(instances)
+        return {m: torchmetrics.MeanMetric() if m in PER_DOC_METRICS else CLASS_METRICS[m][0](num_choices)
+                for m in self.metrics}
 
     def corpus_classes(self, instances: list[Instance]) -> int:
         """The number of classes MCC / F1 see (the most choices of any document), refusing documents
         they cannot score before any model time is spent: a gold outside the choices (lm-eval scores
         it -100, which has no class), or F1, a two-class metric, on documents with other than two."""
-        num_choices = max((len(i.continuations) for i in instances), default=2)
+        num_choices = max((len(i.requests) for i in instances), default=2)
         corpus = [m for m in self.metrics if m in CORPUS_METRICS]
         if not corpus:
             return num_choices
-        bad_gold = [i.doc_id for i in instances if not 0 <= i.gold < len(i.continuations)]
+        bad_gold = [i.doc_id for i in instances if not 0 <= i.gold < len(i.requests)]
         if bad_gold:
             raise ValueError(f"task {self.name}: {corpus} need each document's gold among its choices; documents "
                              f"{bad_gold[:5]} have none (of {len(bad_gold)}); fix doc_to_target or drop {corpus}")
         if "f1" in corpus:
-            other = [(i.doc_id, len(i.continuations)) for i in instances if len(i.continuations) != 2]
+            other = [(i.doc_id, len(i.requests)) for i in instances if len(i.requests) != 2]
             if other:
                 raise ValueError(f"task {self.name}: f1 is binary (choice 1 is the positive class) but documents "
                                  f"(doc_id, choices) {other[:5]} do not have exactly two choices")
@@ -93,12 +102,22 @@ class MultipleChoiceTask:
         if isinstance(text, int):
             # "multiple input" (WinoGrande): the choices are contexts sharing one continuation
             continuation = self.target_delimiter + str(resolve(self.doc_to_target, doc))
-            return Instance(doc_id, [self.description + c for c in choices], [continuation] * len(choices),
-                            text, [len(c) for c in choices], doc)
-        target = resolve_target(self.doc_to_target, doc, choices)
+            return Instance(doc_id, [Loglikelihood(self.description + c, continuation) for c in choices], doc,
+                            text, [len(c) for c in choices])
+        target = resolve_target(self.doc_to_target, doc)
         context = self.description + text
-        return Instance(doc_id, [context] * len(choices), [self.target_delimiter + c for c in choices],
-                        gold_index(target, choices), [len(c) for c in choices], doc)
+        return Instance(doc_id, [Loglikelihood(context, self.target_delimiter + c) for c in choices], doc,
+                        gold_index(target, choices), [len(c) for c in choices])
 
     def instances(self, limit: int | None = None) -> list[Instance]:
         return [self.instance(i, doc) for i, doc in enumerate(self.docs(limit))]
+
+    def process_results(self, instance: Instance, responses: list[LoglikelihoodResponse]) -> dict:
+        lls = [r.loglikelihood for r in responses]
+        pred = first_argmax(lls)
+        pred_norm = first_argmax([ll / n if n else ll for ll, n in zip(lls, instance.choice_lengths)])
+        values = {"acc": float(pred == instance.gold), "acc_norm": float(pred_norm == instance.gold)}
+        return {"doc_id": instance.doc_id, "gold": instance.gold, "pred": pred, "pred_norm": pred_norm,
+                "loglikelihoods": lls, "is_greedy": [r.is_greedy for r in responses],
+                "context": instance.contexts[0], "continuations": instance.continuations,
+                **{m: values[m] for m in self.metrics if m in PER_DOC_METRICS}}

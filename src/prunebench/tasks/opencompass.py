@@ -1,4 +1,4 @@
-"""A multiple-choice task under OpenCompass's PPL protocol (spec §5; `PPLInferencer` with
+"""A multiple-choice task under OpenCompass's PPL protocol (`PPLInferencer` with
 `HuggingFaceBaseModel.get_ppl`): one complete text per option, question and option together, scored
 by its mean token cross-entropy over the whole sequence; the lowest wins.
 
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+import torchmetrics
 
+from prunebench.api.requests import LOGLIKELIHOOD, WHOLE_TEXT, Document, Loglikelihood, LoglikelihoodResponse
 from prunebench.tasks.sources import BenchmarkSource, DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
 
@@ -37,12 +40,21 @@ def flatten(parts: list[str]) -> str:
     return "\n".join(part for part in parts if part)
 
 
+def mean_cross_entropy(response: LoglikelihoodResponse) -> float:
+    """OpenCompass's per-option value: summed cross-entropy over the tokens after the first, divided
+    by all of them (it divides by the input's non-pad tokens; the first is counted, never scored)."""
+    return -response.loglikelihood / (response.tokens + 1)
+
+
 @dataclass
-class PPLInstance:
-    doc_id: int
-    texts: list[str]
-    gold: int
-    doc: dict = field(repr=False, default_factory=dict)
+class PPLInstance(Document):
+    """One document, each option's whole text a loglikelihood request (its context empty)."""
+
+    gold: int = -1
+
+    @property
+    def texts(self) -> list[str]:
+        return [r.continuation for r in self.requests]
 
 
 @dataclass
@@ -54,6 +66,10 @@ class PPLChoiceTask:
     In-context examples: `fewshot_path` (a train file, read by `fewshot_reader`, or a dataset folder)
     and `retriever`: `none`, or `random` (`num_fewshot` per document, numpy seeded with `seed`);
     null = random when there is a train file."""
+
+    kind: ClassVar[str] = LOGLIKELIHOOD
+    loglikelihood_scoring: ClassVar[str] = WHOLE_TEXT
+    lower_is_better: ClassVar[bool] = False
 
     name: str
     source: DocSource
@@ -69,8 +85,6 @@ class PPLChoiceTask:
     retriever: str | None = None
     num_fewshot: int = 8
     seed: int = 1
-
-    lower_is_better = False
 
     def __post_init__(self):
         if list(self.metrics) != ["acc"] or self.primary != "acc":
@@ -124,7 +138,7 @@ class PPLChoiceTask:
 
     def gold(self, doc: dict) -> tuple[list[str], int]:
         choices = resolve_choices(self.doc_to_choice, doc)
-        return choices, gold_index(resolve_target(self.doc_to_target, doc, choices), choices)
+        return choices, gold_index(resolve_target(self.doc_to_target, doc), choices)
 
     def text(self, doc: dict, option: str) -> str:
         return resolve(self.prompt, {**doc, "option": option})
@@ -142,7 +156,8 @@ class PPLChoiceTask:
         """`shots`: the in-context examples' texts, each its prompt with its gold option."""
         context = [part for shot in shots for part in (shot, ICE_SEPARATOR)] + ([ICE_EOS] if shots else [])
         choices, gold = self.gold(doc)
-        return PPLInstance(doc_id, [flatten([*context, self.text(doc, choice)]) for choice in choices], gold, doc)
+        return PPLInstance(doc_id, [Loglikelihood("", flatten([*context, self.text(doc, choice)])) for choice in choices],
+                           doc, gold)
 
     def instances(self, limit: int | None = None) -> list[PPLInstance]:
         docs, examples = self.docs(limit), self.examples()
@@ -153,9 +168,12 @@ class PPLChoiceTask:
             shot_texts[i] = self.text(examples[i], choices[gold])
         return [self.instance(i, doc, [shot_texts[j] for j in pick]) for i, (doc, pick) in enumerate(zip(docs, picks))]
 
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        from prunebench.evaluation.sequence_ppl import SequencePPLDataModule, SequencePPLModule
+    def metric_objects(self, instances: list[PPLInstance]) -> dict[str, torchmetrics.Metric]:
+        return {"acc": torchmetrics.MeanMetric()}
 
-        data = SequencePPLDataModule(self, loaded.tokenizer, loaded.max_length, limit=limit,
-                                     batch_tokens=options.batch_tokens, add_bos=options.add_bos)
-        return data, SequencePPLModule(loaded.model, self.name)
+    def process_results(self, instance: PPLInstance, responses: list[LoglikelihoodResponse]) -> dict:
+        """The option with the lowest mean cross-entropy wins, the first on ties (its `ppl.index(min(ppl))`)."""
+        ce = [mean_cross_entropy(r) for r in responses]
+        pred = ce.index(min(ce))
+        return {"doc_id": instance.doc_id, "gold": instance.gold, "pred": pred, "mean_ce": ce,
+                "texts": instance.texts, "acc": float(pred == instance.gold)}

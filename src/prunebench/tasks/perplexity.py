@@ -1,9 +1,13 @@
-"""A perplexity task: a text corpus cut into consecutive windows (evaluation/windows.py)."""
+"""A perplexity task: a text corpus as one `loglikelihood_rolling` request, cut into consecutive
+windows by the engine; perplexity over all predicted tokens."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from prunebench.api.requests import LOGLIKELIHOOD_ROLLING, Document, LoglikelihoodRolling
 from prunebench.corpora import TextCorpus
 
 
@@ -13,14 +17,15 @@ class PerplexityTask:
     `max_windows`: a protocol's own cap (SparseGPT's C4 uses the first 256 windows), applied before
     `limit`."""
 
+    kind: ClassVar[str] = LOGLIKELIHOOD_ROLLING
+    lower_is_better: ClassVar[bool] = True
+
     name: str
     source: TextCorpus
     seq_len: int | None = None
     max_windows: int | None = None
     metrics: list[str] = field(default_factory=lambda: ["ppl"])
     primary: str = "ppl"
-
-    lower_is_better = True
 
     def __post_init__(self):
         if list(self.metrics) != ["ppl"] or self.primary != "ppl":
@@ -34,15 +39,10 @@ class PerplexityTask:
     def data_ids(self) -> set[str]:
         return self.source.data_ids()
 
-    def window_length(self, max_length: int) -> int:
-        return min(self.seq_len, max_length) if self.seq_len else max_length
+    def instances(self, limit: int | None = None) -> list[Document]:
+        """The corpus is one document; `limit` counts windows, so the engine applies it."""
+        return [Document(0, [LoglikelihoodRolling(self.source, self.seq_len, self.max_windows)])]
 
-    def evaluation(self, loaded, limit: int | None, options) -> tuple:
-        from prunebench.evaluation.perplexity import PerplexityModule
-        from prunebench.evaluation.windows import TokenWindowDataModule
-
-        caps = [c for c in (self.max_windows, limit) if c]
-        data = TokenWindowDataModule(self.source, loaded.tokenizer, self.window_length(loaded.max_length),
-                                     limit=min(caps) if caps else None, batch_tokens=options.batch_tokens,
-                                     add_bos=options.add_bos)
-        return data, PerplexityModule(loaded.model, self.name)
+    def process_results(self, window: Document, responses: list[tuple[float, int]]) -> dict:
+        ((nll, tokens),) = responses
+        return {"window": window.doc_id, "tokens": tokens, "nll": nll, "ppl": math.exp(nll / tokens)}

@@ -1,4 +1,4 @@
-"""How lm-eval turns a task's doc_to_text / doc_to_choice / doc_to_target into values (spec §1.2).
+"""How lm-eval turns a task's doc_to_text / doc_to_choice / doc_to_target into values.
 
 A value that names a document field returns that field verbatim; anything else is a Jinja2 template
 (StrictUndefined, keep_trailing_newline as in lm-eval >= 0.4.4); `py:module.function` calls Python,
@@ -50,7 +50,7 @@ def resolve_choices(spec: Any, doc: dict) -> list[str]:
     return list(value)
 
 
-def resolve_target(spec: Any, doc: dict, choices: list[str]) -> int | str:
+def resolve_target(spec: Any, doc: dict) -> int | str:
     value = resolve(spec, doc)
     if isinstance(value, str) and value.isdigit():
         return ast.literal_eval(value)

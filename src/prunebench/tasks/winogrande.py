@@ -1,4 +1,4 @@
-"""WinoGrande's partial scoring, as lm-eval's winogrande task does it (spec §2.5): the two options
+"""WinoGrande's partial scoring, as lm-eval's winogrande task does it: the two options
 fill the blank in two contexts, and both are scored on the same continuation, the sentence after
 the blank. doc_to_text returning the gold index is what makes the task "multiple input"."""
 

@@ -56,7 +56,7 @@ def finished_run(uri: str, exp_id: str, key: str):
 
 
 @contextmanager
-def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
+def job_run(exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
     """Yields the active run; an exception ends it FAILED (KILLED on interrupt) with the traceback
     logged, so no run is ever left RUNNING."""
     if parent_run_id:

@@ -1,7 +1,9 @@
 """One MLflow parent run per Hydra multirun, closed with the right status even when a job fails.
 
 Hydra skips `on_multirun_end` when a job raised, so the parent is also closed at interpreter exit.
-Children find the parent through an environment variable, which joblib workers inherit."""
+Children find the parent through an environment variable, which joblib workers inherit. The
+sweep's report is built by the function the config names (`report`), so tracking imports nothing
+of the report, which reads tracking's runs."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+from hydra.utils import get_method
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -21,7 +24,11 @@ PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
 
 
 class SweepRunCallback(Callback):
-    def __init__(self) -> None:
+    """`report`: import path of a function (experiment, sweep run id, folder) -> the folder it wrote;
+    its files are logged to the parent run under report/ (None: no report)."""
+
+    def __init__(self, report: str | None = None) -> None:
+        self.report = report
         self.run_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -55,10 +62,8 @@ class SweepRunCallback(Callback):
         for status, n in counts.items():
             client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
         try:
-            from prunebench.report.build import write_report
-
-            if counts["FINISHED"]:
-                out = write_report(self.experiment, run_id, self.sweep_dir / "report")
+            if self.report and counts["FINISHED"]:
+                out = get_method(self.report)(self.experiment, run_id, self.sweep_dir / "report")
                 client.log_artifacts(run_id, str(out), "report")
         except Exception:  # a report failure must not lose the sweep's status
             log.exception("could not build the sweep report")

@@ -11,8 +11,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from prunebench.models.attention import attention_heads, eager_attention
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.attention import attention_heads, eager_attention
 
 
 def dummy_input(loaded: LoadedModel, tokens: int) -> tuple[dict, str, int]:

@@ -1,0 +1,37 @@
+"""How the text engines batch: whole documents packed under a token budget, sequences left-padded,
+requests with images refused."""
+
+from __future__ import annotations
+
+import torch
+
+
+def pack(items: list, cost, budget: int) -> list[list]:
+    """Consecutive `items` (sorted costliest first) into batches whose rows x the first row's
+    `cost` stays within `budget` positions; a row over budget alone still gets its own batch."""
+    batches: list[list] = []
+    for item in items:
+        if batches and (len(batches[-1]) + 1) * cost(batches[-1][0]) <= budget:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [n, longest], attention mask): each sequence ends at the last column, so the next
+    position of every row is the same one (generation, a KV cache extended by suffixes)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def refuse_images(task, document) -> None:
+    """A text engine would score an image request as if it had no image: better to say so."""
+    if any(getattr(request, "images", ()) for request in document.requests):
+        raise ValueError(f"task {task.name}, document {document.doc_id}: its requests carry images, which the "
+                         f"{task.kind} engine for text models does not feed to the model")

@@ -1,0 +1,119 @@
+"""The `loglikelihood` engine: documents -> tokenised requests -> length-sorted batches of whole
+documents -> log-likelihoods (loglik.score_documents) -> the task's process_results -> torchmetrics.
+
+Two tokenisations (the task's `loglikelihood_scoring`): lm-eval's continuation (context and
+continuation tokenised jointly, left-truncated, the continuation's tokens scored), and OpenCompass's
+PPL scoring, an option of this engine rather than a pipeline of its own: each request's text whole, BOS first (the tokenizer's default, as
+OpenCompass tokenises with add_special_tokens=True), every token after the first scored; texts longer
+than the model are cut from the left, as OpenCompass's tokenizer truncates. OpenCompass unbatched,
+that is (its older HuggingFace model's default): its batched base model pads on the left, and then a
+padded row's first token is also scored, from a padding position, so its numbers move with the batch
+composition; ours do not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from prunebench.api.metrics import records_stderr, update_from_records
+from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse
+from prunebench.evaluation.batching import pack, refuse_images
+from prunebench.evaluation.encoding import encode, encode_pair, model_input
+from prunebench.evaluation.loglik import common_prefix_len, score_documents
+from prunebench.models.loaded import LoadedModel
+
+
+@dataclass
+class EncodedDoc:
+    document: Document
+    inputs: list[list[int]]
+    cont_lens: list[int]
+    conts: list[list[int]]
+
+    @property
+    def tokens(self) -> int:
+        """Positions the scorer runs for this document: the shared prefix once, then each choice's rest."""
+        shared = common_prefix_len(self.inputs)
+        return shared + len(self.inputs) * (max(len(x) for x in self.inputs) - shared)
+
+
+class LoglikelihoodDataModule(L.LightningDataModule):
+    """A batch holds whole documents, scored together in one step; longest first so the first batch
+    shows the peak memory (as lm-eval's Collator orders), and neighbours of similar length pad
+    little. `batch_tokens` caps a batch's padded positions: the batch size follows from it."""
+
+    def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = 8192,
+                 add_bos: bool | None = None):
+        super().__init__()
+        self.task, self.tokenizer, self.max_length = task, model.tokenizer, model.max_length
+        self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
+        self.scoring = getattr(task, "loglikelihood_scoring", CONTINUATION)
+        if self.scoring not in (CONTINUATION, WHOLE_TEXT):
+            raise ValueError(f"task {task.name}: loglikelihood_scoring={self.scoring!r}; valid: "
+                             f"{[CONTINUATION, WHOLE_TEXT]}")
+        self.batches: list[list[EncodedDoc]] = []
+
+    def encode(self, document: Document) -> EncodedDoc:
+        refuse_images(self.task, document)
+        if self.scoring == WHOLE_TEXT:
+            full = [encode(self.tokenizer, r.context + r.continuation, self.add_bos)[-self.max_length:]
+                    for r in document.requests]
+            if any(len(ids) < 2 for ids in full):
+                raise ValueError(f"task {self.task.name}, document {document.doc_id}: an option text has fewer "
+                                 f"than 2 tokens, nothing to score")
+            return EncodedDoc(document, [ids[:-1] for ids in full], [len(ids) - 1 for ids in full],
+                              [ids[1:] for ids in full])
+        inputs, lens, conts = [], [], []
+        for request in document.requests:
+            ctx, cont = encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos)
+            seq, clen = model_input(ctx, cont, self.max_length)
+            inputs.append(seq)
+            lens.append(clen)
+            conts.append(cont[-clen:])
+        return EncodedDoc(document, inputs, lens, conts)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.batches:
+            return
+        docs = sorted((self.encode(d) for d in self.task.instances(self.limit)), key=lambda d: -d.tokens)
+        self.batches = pack(docs, lambda d: d.tokens, self.batch_tokens)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
+
+
+class LoglikelihoodModule(L.LightningModule):
+    """Scores each batch, hands every document's responses to the task's process_results and feeds
+    the records to the task's metrics (api.metrics.update_from_records)."""
+
+    def __init__(self, model: LoadedModel, task, metrics: dict):
+        super().__init__()
+        self.model, self.adapter, self.task = model.model, model, task
+        self.metrics = torch.nn.ModuleDict(metrics)
+        self.records: list[dict] = []
+
+    def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
+        records = [self.task.process_results(doc.document, [LoglikelihoodResponse(ll, greedy, n) for (ll, greedy), n
+                                                            in zip(scored, doc.cont_lens)])
+                   for doc, scored in zip(batch, score_documents(self.adapter, batch))]
+        update_from_records(self.metrics, records)
+        self.records += records
+        for name, metric in self.metrics.items():
+            self.log(f"{self.task.name}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(batch))
+
+    def stderr(self, name: str) -> float:
+        return records_stderr(self.metrics[name], name, self.records)
+
+
+def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[LoglikelihoodDataModule,
+                                                                               LoglikelihoodModule]:
+    """The task's metrics see every document before any model time is spent (`metric_objects`:
+    the classes MCC and F1 count, and documents they cannot score refused)."""
+    model.check_lm_head()
+    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+    data.setup("test")
+    metrics = task.metric_objects([doc.document for batch in data.batches for doc in batch])
+    return data, LoglikelihoodModule(model, task, metrics)
