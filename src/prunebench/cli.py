@@ -53,6 +53,8 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # torch telling Lightning about its own API (LeafSpec), not anything a user set
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(lightning|torch)\.")
+    # on a machine with SLURM installed, Lightning suggests srun for every Trainer; jobs here are one process
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available")
 
 
 def main() -> None:
