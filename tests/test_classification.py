@@ -359,11 +359,9 @@ def test_corpus_metrics_refuse_documents_they_cannot_score(tmp_path):
         evaluation(three_choices["local_mc"], loaded, None, options)
     path = tmp_path / "bad_gold.jsonl"
     path.write_text(json.dumps({"question": "q?", "choices": ["a", "b"], "label": 5}) + "\n")
-    bad_gold = validate(compose_cfg([*TINY_MC, f"task.tasks.local_mc.source.path={path}",
-                                     "task.tasks.local_mc.metrics=[mcc]", "task.tasks.local_mc.primary=mcc",
-                                     "sparsity=0"]))
-    with pytest.raises(ValueError, match=r"gold among its choices; documents \[0\]"):
-        evaluation(bad_gold["local_mc"], loaded, None, options)
+    with pytest.raises(ConfigError, match=r"document 0 .*gold answer 5 is not one of its 2 choices"):
+        validate(compose_cfg([*TINY_MC, f"task.tasks.local_mc.source.path={path}", "task.tasks.local_mc.metrics=[mcc]",
+                              "task.tasks.local_mc.primary=mcc", "sparsity=0"]))
 
 
 def test_classifier_task_refuses_a_causal_lm_before_loading(glue_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,16 @@ def test_a_malformed_task_file_is_named_with_its_line_before_any_model_loads(tmp
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg(TINY_MC + [f"task.tasks.local_mc.source.path={path}"]))
     assert str(path) in str(err.value) and where in str(err.value)
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"question": "q?", "choices": ["a", "b"], "label": 5}, r"document 1 .*gold answer 5 is not one of its 2 choices"),
+    ({"question": "q?", "choices": ["a", "b"], "label": -1}, r"document 1 .*gold answer '-1'"),
+    ({"question": "q?", "choices": [], "label": 0}, r"document 1 .*no choices"),
+    ({"prompt": "q?", "choices": ["a", "b"], "label": 0}, r"document 1 .*names a field the document lacks.*question")])
+def test_bad_documents_are_named_before_any_model_loads(tmp_path, doc, message):
+    path = tmp_path / "docs.jsonl"
+    good = {"question": "fine?", "choices": ["yes", "no"], "label": 0}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(doc) + "\n")
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_cfg(TINY_MC + [f"task.tasks.local_mc.source.path={path}"]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import jinja2
 import torchmetrics
 
 from prunebench.api.metrics import CLASS_METRICS, first_argmax
@@ -70,16 +71,12 @@ class MultipleChoiceTask:
 
     def corpus_classes(self, instances: list[Instance]) -> int:
         """The number of classes MCC / F1 see (the most choices of any document), refusing documents
-        they cannot score before any model time is spent: a gold outside the choices (lm-eval scores
-        it -100, which has no class), or F1, a two-class metric, on documents with other than two."""
+        they cannot score before any model time is spent: F1, a two-class metric, on documents with
+        other than two choices (a gold outside the choices is refused when the document is built)."""
         num_choices = max((len(i.requests) for i in instances), default=2)
         corpus = [m for m in self.metrics if m in CORPUS_METRICS]
         if not corpus:
             return num_choices
-        bad_gold = [i.doc_id for i in instances if not 0 <= i.gold < len(i.requests)]
-        if bad_gold:
-            raise ValueError(f"task {self.name}: {corpus} need each document's gold among its choices; documents "
-                             f"{bad_gold[:5]} have none (of {len(bad_gold)}); fix doc_to_target or drop {corpus}")
         if "f1" in corpus:
             other = [(i.doc_id, len(i.requests)) for i in instances if len(i.requests) != 2]
             if other:
@@ -88,7 +85,11 @@ class MultipleChoiceTask:
         return num_choices
 
     def check(self) -> None:
+        """The source, and for a local one every document: a missing template field, no choices or
+        a gold outside the choices fail here, naming the document, before any model loads."""
         self.source.check()
+        if self.source.local:
+            self.instances()
 
     def docs(self, limit: int | None = None) -> list[dict]:
         docs = self.source.load()
@@ -97,17 +98,30 @@ class MultipleChoiceTask:
         return docs[:limit] if limit else docs
 
     def instance(self, doc_id: int, doc: dict) -> Instance:
-        text = resolve(self.doc_to_text, doc)
-        choices = resolve_choices(self.doc_to_choice, doc)
+        """Raises ValueError naming the document where it cannot be scored (lm-eval would score a gold
+        outside the choices as -100, i.e. wrong, silently)."""
+        where = f"task {self.name}, document {doc_id} of {self.source.describe()}"
+        try:
+            text = resolve(self.doc_to_text, doc)
+            choices = resolve_choices(self.doc_to_choice, doc)
+            target = resolve(self.doc_to_target, doc) if isinstance(text, int) else resolve_target(self.doc_to_target, doc)
+        except jinja2.UndefinedError as err:
+            raise ValueError(f"{where}: a template names a field the document lacks ({err.message}); "
+                             f"its fields: {sorted(doc)[:12]}") from None
+        if not choices:
+            raise ValueError(f"{where}: no choices (doc_to_choice={self.doc_to_choice!r} gave {choices!r})")
+        gold = text if isinstance(text, int) else gold_index(target, choices)
+        if not 0 <= gold < len(choices):
+            raise ValueError(f"{where}: the gold answer {text if isinstance(text, int) else target!r} is not one of "
+                             f"its {len(choices)} choices (an index in 0..{len(choices) - 1} or one of {choices[:4]})")
         if isinstance(text, int):
             # "multiple input" (WinoGrande): the choices are contexts sharing one continuation
-            continuation = self.target_delimiter + str(resolve(self.doc_to_target, doc))
+            continuation = self.target_delimiter + str(target)
             return Instance(doc_id, [Loglikelihood(self.description + c, continuation) for c in choices], doc,
                             text, [len(c) for c in choices])
-        target = resolve_target(self.doc_to_target, doc)
         context = self.description + text
         return Instance(doc_id, [Loglikelihood(context, self.target_delimiter + c) for c in choices], doc,
-                        gold_index(target, choices), [len(c) for c in choices])
+                        gold, [len(c) for c in choices])
 
     def instances(self, limit: int | None = None) -> list[Instance]:
         return [self.instance(i, doc) for i, doc in enumerate(self.docs(limit))]

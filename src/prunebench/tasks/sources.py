@@ -12,6 +12,8 @@ from prunebench.tasks.template import import_callable
 
 
 class DocSource:
+    # the documents are read by check() (small local files): their contents can be checked then too
+    local = False
     def check(self) -> None:
         """Raise a clear error if the documents cannot be had (missing file, bad option)."""
 
@@ -32,6 +34,8 @@ def _require_file(path: str | Path, what: str) -> Path:
 class JsonSource(DocSource):
     """A .jsonl file (one document per line) or a .json file holding a list, or a dict whose
     `field` (default `examples`) holds the list."""
+
+    local = True
 
     def __init__(self, path: str, field: str | None = None):
         self.path, self.field = path, field
@@ -130,6 +134,11 @@ class BenchmarkSource(DocSource):
         self.data_dir, self.path, self.reader = data_dir, path, reader
         self._docs: list[dict] | None = None
 
+    @property
+    def local(self) -> bool:
+        where = self.location()
+        return where is not None and where.is_file()
+
     def location(self) -> Path | None:
         """The local copy to read; None means the hub."""
         if self.path:
@@ -172,6 +181,8 @@ class BigBenchSource(DocSource):
 
     Without `path`, the task JSON is extracted once from PyPI's bigbench sdist into the cache
     (tasks/bigbench_sdist.py)."""
+
+    local = True  # check() extracts the task file
 
     def __init__(self, task: str, path: str | None = None, subtask: str | None = None):
         self.task, self.path, self.subtask = task, path, subtask

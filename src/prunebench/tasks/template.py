@@ -58,7 +58,8 @@ def resolve_target(spec: Any, doc: dict) -> int | str:
 
 
 def gold_index(target: int | str, choices: list[str]) -> int:
-    """String targets are looked up in the choices; out of range scores wrong, as in lm-eval (-100)."""
+    """String targets are looked up in the choices; none of them gives -100, lm-eval's value for it
+    (which lm-eval scores as wrong; MultipleChoiceTask refuses such a document instead)."""
     if isinstance(target, str):
         return choices.index(target) if target in choices else -100
     return target if 0 <= target < len(choices) else -100
