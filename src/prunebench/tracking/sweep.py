@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from prunebench.tracking import store
 
@@ -25,6 +25,17 @@ class SweepRunCallback(Callback):
         self.run_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
+            from hydra import compose
+
+            from prunebench.plan import format_plan, plan
+
+            arguments = list(config.hydra.overrides.task)
+            params = OmegaConf.to_container(config.hydra.sweeper.params or {}, resolve=False)
+            jobs = plan(arguments, params, lambda o: compose(config.hydra.job.config_name, o))
+            print(format_plan(jobs, " ".join(arguments)))
+            # the plan is all a plan=true sweep does: stop before Hydra launches (and makes folders for) its jobs
+            raise SystemExit(1 if any(j.status == "invalid" for j in jobs) else 0)
         uri = store.tracking_uri(config.tracking.uri)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
