@@ -19,7 +19,8 @@ from prunebench.report.table import load_runs
 
 
 def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():
-    assert mcnemar([1, 1, 1, 0, 1], [0, 0, 0, 0, 1]) == (3, 0, pytest.approx(0.25))  # 2 x 0.5^3
+    # 2 x 0.5^3, summed by scipy in floating point: approx's default 1e-6 is far below any other outcome
+    assert mcnemar([1, 1, 1, 0, 1], [0, 0, 0, 0, 1]) == (3, 0, pytest.approx(0.25))
     assert mcnemar([1, 0], [1, 0]) == (0, 0, 1.0)
 
 
@@ -46,6 +47,7 @@ def test_rows_are_keyed_by_the_whole_config_and_seeds_averaged(grid):
     assert list(table.label) == ["none", "heads_l2", "heads_random", "hies (alpha=0.3)", "hies (alpha=0.7)"]
     random_runs = grid[grid["tags.prunebench.pruner"] == "heads_random"]["metrics.local_mc/acc_norm"]
     row = table[table.label == "heads_random"].iloc[0]
+    # the same two values averaged again: only the order of a two-term sum can differ
     assert row["local_mc/seeds"] == 2
     assert row["local_mc/acc_norm"] == pytest.approx(random_runs.mean(), abs=1e-12)
     assert row["local_mc/acc_norm_std"] == pytest.approx(random_runs.std(), abs=1e-12, nan_ok=True)
@@ -76,6 +78,7 @@ def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
         lost = sum(dense[d] == 1 and pruned[d] == 0 for d in dense)
         gained = sum(dense[d] == 0 and pruned[d] == 1 for d in dense)
         assert (row["right->wrong"], row["wrong->right"], row.docs) == (lost, gained, len(dense))
+        # the same scipy call on the same counts: approx only for the float's last bit
         assert row.p == pytest.approx(binomtest(lost, lost + gained).pvalue if lost + gained else 1.0)
     compared = pd.read_csv(out / "comparisons.csv")
     # four pruned rows at one ratio: six pairs; heads_random pairs both seeds with the others' one run

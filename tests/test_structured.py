@@ -201,7 +201,7 @@ def test_mop_released_sequence_removes_the_layers_and_widths_it_implies():
     stats = pruner.apply(lm, pruner.score(lm, Windows()), 0.9)
     assert stats["mop/sequence"] == "GLG" and stats["mop/steps"] == 3 and stats["mop/layers_removed"] == 1
     assert shapes(lm.model) == (5, {2}, {32})
-    assert stats["mop/width_fraction"] == pytest.approx(1 - 32 / 48)
+    assert stats["mop/width_fraction"] == pytest.approx(1 - 32 / 48)  # a ratio of integers, rounded once
     # q, k, v, o of 2 heads x 8 dims, gate/up/down of 32 neurons, 2 norms, 5 blocks
     assert block_params(lm.model) == 5 * (4 * 2 * 8 * 32 + 3 * 32 * 32 + 64)
 
@@ -222,6 +222,7 @@ def test_mop_released_steps_are_whole_and_stop_at_the_ratio():
     stats = pruner.apply(lm, pruner.score(lm, Windows()), 0.25)
     # L (one block of 8768 of 58848 = 14.9%), then G: past 25% after the second step, never cut short
     assert stats["mop/sequence"] == "LG"
+    # the same integer ratio computed twice
     assert stats["sparsity/actual"] == pytest.approx(1 - sum(p.numel() for p in lm.model.parameters()) / start)
     assert stats["sparsity/actual"] >= 0.25
 

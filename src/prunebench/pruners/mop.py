@@ -109,8 +109,9 @@ class MoPPruner(StructuredPruner):
             raise ValueError(f"pruner {name}: steps={steps!r} must be a positive number of steps or null")
         if mlp_only and g_rule != "released":
             raise ValueError(f"pruner {name}: mlp_only=true is a form of g_rule=released")
-        self.selector, self.seed, self.batch_size, self.sequence, self.steps = selector, seed, batch_size, sequence, steps
-        self.g_rule, self.ratio_of, self.mlp_only, self.average = g_rule, ratio_of, mlp_only, average
+        self.selector, self.seed, self.batch_size = selector, seed, batch_size
+        self.sequence, self.steps, self.g_rule = sequence, steps, g_rule
+        self.ratio_of, self.mlp_only, self.average = ratio_of, mlp_only, average
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, list[dict]]:
         """MoP's importance is recomputed at every step, so scoring only fixes the calibration batches."""

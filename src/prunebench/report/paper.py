@@ -101,9 +101,10 @@ def paper_table(results: pd.DataFrame) -> pd.DataFrame:
             if cell.empty:
                 continue
             metric = cell.metric.iloc[0]
+            spread = cell.stderr.iloc[0] if len(cell) == 1 else cell.value.std() / math.sqrt(len(cell))
             row.update({f"{task}/{metric}": cell.value.mean(), f"{task}/{metric}_std": cell.value.std(),
                         f"{task}/seeds": cell.seed.nunique(), f"{task}/stability": cell.stability.mean(),
-                        f"{task}/stderr": cell.stderr.iloc[0] if len(cell) == 1 else cell.value.std() / math.sqrt(len(cell))})
+                        f"{task}/stderr": spread})
         means = [row[f"{t}/{group[group.task == t].metric.iloc[0]}"] for t in tasks if t in set(group.task)]
         stabilities = [row[f"{t}/stability"] for t in tasks if t in set(group.task)]
         row.update({"avg": sum(means) / len(means), "avg/stability": pd.Series(stabilities).mean(skipna=False),
@@ -162,23 +163,28 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
     return "\n".join([*lines, "\\bottomrule", "\\end{tabular}", ""])
 
 
+def read_predictions(run_id: str, task: str) -> list[dict]:
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{task}.jsonl")
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 class Predictions:
     """Per-document correctness of a run's task, read once from its `predictions/<task>.jsonl`."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str], dict | None] = {}
+        self.cache: dict[tuple[str, str, str], tuple[str, dict] | None] = {}
 
-    def correct(self, run_id: str, task: str, metric: str) -> dict | None:
-        """{doc_id: 0/1}: the record's own value of the metric (acc, acc_norm, exact_match), else
-        pred == gold for an accuracy; None when the metric has no per-document value (MCC, F1)."""
+    def correct(self, run_id: str, task: str, metric: str) -> tuple[str, dict] | None:
+        """(the metric counted, {doc_id: 0/1}): the record's own value of the metric (acc, acc_norm,
+        exact_match), else pred == gold, accuracy, for a classifier whose column is a corpus metric
+        (MCC, F1: no document has one); None for a regression or a task without documents (perplexity)."""
         key = (run_id, task, metric)
         if key not in self.cache:
-            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{task}.jsonl")
-            records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+            records = read_predictions(run_id, task)
             if records and metric in records[0]:
-                self.cache[key] = {r["doc_id"]: float(r[metric]) for r in records}
-            elif records and metric == "acc" and "pred" in records[0]:
-                self.cache[key] = {r["doc_id"]: float(r["pred"] == r["gold"]) for r in records}
+                self.cache[key] = metric, {r["doc_id"]: float(r[metric]) for r in records}
+            elif records and isinstance(records[0].get("gold"), int) and "pred" in records[0]:
+                self.cache[key] = "acc", {r["doc_id"]: float(r["pred"] == r["gold"]) for r in records}
             else:
                 self.cache[key] = None
         return self.cache[key]
@@ -211,10 +217,10 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
         reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
         if pruned is None or reference is None:
             continue
-        ref, new = paired(reference, pruned)
+        ref, new = paired(reference[1], pruned[1])
         lost, gained, p = mcnemar(ref, new)
         rows.append({"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio, "seed": r.seed,
-                     "task": r.task, "metric": r.metric, "docs": len(ref), "dense": sum(ref) / len(ref),
+                     "task": r.task, "metric": pruned[0], "docs": len(ref), "dense": sum(ref) / len(ref),
                      "pruned": sum(new) / len(new), "right->wrong": lost, "wrong->right": gained, "p": p})
     table = pd.DataFrame(rows, columns=["model", "pruner", "ratio", "seed", "task", "metric", "docs", "dense",
                                         "pruned", "right->wrong", "wrong->right", "p"])
@@ -233,20 +239,21 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
             docs = {}
             for side, (pruner, config) in (("a", first), ("b", second)):
                 runs = group[(group.pruner == pruner) & (group.config == config)].sort_values("seed")
-                docs[side] = [predictions.correct(run_id, task, metric) for run_id, metric in zip(runs.run_id, runs.metric)]
+                docs[side] = [predictions.correct(run_id, task, metric)
+                              for run_id, metric in zip(runs.run_id, runs.metric)]
             if any(d is None for d in docs["a"] + docs["b"]):
                 continue
             a, b = [], []
             for x, y in zip(docs["a"], docs["b"]):
-                xs, ys = paired(x, y)
+                xs, ys = paired(x[1], y[1])
                 a += xs
                 b += ys
             only_a, only_b, p = mcnemar(a, b)
-            rows.append({"model": model, "ratio": ratio, "task": task, "a": named[first], "b": named[second],
-                         "pairs": len(a), "a correct": sum(a) / len(a), "b correct": sum(b) / len(b),
-                         "only a right": only_a, "only b right": only_b, "p": p})
-    table = pd.DataFrame(rows, columns=["model", "ratio", "task", "a", "b", "pairs", "a correct", "b correct",
-                                        "only a right", "only b right", "p"])
+            rows.append({"model": model, "ratio": ratio, "task": task, "metric": docs["a"][0][0],
+                         "a": named[first], "b": named[second], "pairs": len(a), "a correct": sum(a) / len(a),
+                         "b correct": sum(b) / len(b), "only a right": only_a, "only b right": only_b, "p": p})
+    table = pd.DataFrame(rows, columns=["model", "ratio", "task", "metric", "a", "b", "pairs", "a correct",
+                                        "b correct", "only a right", "only b right", "p"])
     return table.sort_values(["model", "ratio", "task", "a", "b"]).reset_index(drop=True)
 
 
@@ -254,8 +261,7 @@ def chance(results: pd.DataFrame, predictions: Predictions) -> dict[str, float]:
     """Each task's chance level: the mean of 1 / choices over its documents (multiple choice)."""
     out = {}
     for task, group in results[results.pruner == "none"].groupby("task"):
-        path = mlflow.artifacts.download_artifacts(run_id=group.run_id.iloc[0], artifact_path=f"predictions/{task}.jsonl")
-        records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        records = read_predictions(group.run_id.iloc[0], task)
         if records and "loglikelihoods" in records[0]:
             out[task] = sum(1 / len(r["loglikelihoods"]) for r in records) / len(records)
     return out
@@ -298,8 +304,8 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
     compared.to_csv(out / "comparisons.csv", index=False)
     sections = [f"## Paper layout\n\n{to_markdown(shown)}"]
     if not flipped.empty:
-        sections.append("## Flips against the dense run (exact McNemar p)\n\n" + to_markdown(flipped.drop(columns="seed")
-                        if flipped.seed.nunique() == 1 else flipped))
+        shown_flips = flipped.drop(columns="seed") if flipped.seed.nunique() == 1 else flipped
+        sections.append(f"## Flips against the dense run (exact McNemar p)\n\n{to_markdown(shown_flips)}")
     if not compared.empty:
         sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(compared))
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")
