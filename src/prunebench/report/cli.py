@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                              "between rows (flips.csv, comparisons.csv) and paper.png")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
+    # one bar per downloaded predictions file would bury the table the paper layout prints
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
     if mlflow.get_experiment_by_name(args.experiment) is None:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
