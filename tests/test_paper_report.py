@@ -16,6 +16,7 @@ from prunebench.job import run
 from prunebench.report.cli import main as report_main
 from prunebench.report.paper import mcnemar, paper_table, task_results
 from prunebench.report.table import load_runs
+from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 
 def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():
@@ -84,3 +85,16 @@ def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
     # four pruned rows at one ratio: six pairs; heads_random pairs both seeds with the others' one run
     assert len(compared) == 6
     assert set(compared[compared.a == "heads_random"].pairs) | set(compared[compared.b == "heads_random"].pairs) == {5}
+
+
+def test_checkpoints_per_task_share_a_row_though_each_calibrates_on_its_own_task(glue_dir, store):
+    labels = {"sst2": "[negative,positive]", "cola": "[unacceptable,acceptable]"}
+    for task in ("sst2", "cola"):
+        run(compose_cfg(["model=tiny-bert-cls", f"model.name=bert-{task}", f"model.labels={labels[task]}",
+                         f"task={task}", f"data_dir={glue_dir}", "pruner=hies_paper", "calib=glue_train",
+                         f"tasks@calib.task={task}", "calib.n_samples=4", "sparsity=0.5",
+                         "trainer.enable_progress_bar=false"]))
+    mlflow.set_tracking_uri(store)
+    table = paper_table(task_results(load_runs("prunebench")))
+    assert list(zip(table.model, table.label)) == [("(one per task)", "none"), ("(one per task)", "hies")]
+    assert list(table.tasks) == ["2/2", "2/2"]

@@ -42,8 +42,10 @@ def pruner_config(run: pd.Series) -> dict[str, str]:
               if c.startswith(("params.pruner.", "params.calib.")) and isinstance(v, str)}
     target = params.get("pruner._target_")
     calibrated = target is not None and get_class(target).needs_calibration
+    # `calib.task` is the task whose training split calibrates: in a table of one fine-tuned checkpoint
+    # per task it follows the column, like the checkpoint, and is no part of the pruner's config
     return {k: v for k, v in sorted(params.items())
-            if k not in SEED_KEYS and k not in ("pruner._target_", "pruner.name")
+            if k not in SEED_KEYS and k not in ("pruner._target_", "pruner.name") and not k.startswith("calib.task.")
             and (calibrated or not k.startswith("calib."))}
 
 
