@@ -14,9 +14,9 @@ ALLOWED = {
     "api": set(),
     "tasks": {"api", "cache", "corpora"},
     "evaluation": {"api", "models"},
-    "models": {"cache"},
+    "models": {"api", "cache"},
     "pruners": {"models", "cache"},
-    "tracking": {"cache"},
+    "tracking": {"api", "cache"},
     "report": {"tracking", "paths"},
 }
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import MC_FIXTURE, compose_cfg, shared_file
-from prunebench.calibration import (AlpacaCalibration, C4Calibration, FileCalibration, TaskCalibration,
-                                    WikiText2Calibration)
+from prunebench.calibration import (AlpacaCalibration, C4Calibration, FileCalibration, PromptCalibration,
+                                    TaskCalibration, WikiText2Calibration)
 from prunebench.corpora import Alpaca, WikiText2
 from prunebench.models.tiny import tiny_tokenizer
 from prunebench.validate import ConfigError, validate
@@ -88,6 +88,25 @@ def test_alpaca_prompts_use_the_template_without_responses(tmp_path):
     assert first.endswith("### Instruction:\nName a color.\n\n### Response:\n") and "Blue" not in first
     assert "### Input:\n2 and 3\n\n### Response:\n" in second and "5" not in second.split("### Input")[1][7:]
     assert AlpacaCalibration(path=str(path), name="alpaca", n_samples=2, seq_len=16).samples(tiny_tokenizer()).shape == (2, 16)
+
+
+def test_mop_prompts_are_whole_prompts_in_the_released_template_one_per_batch(tmp_path, tokenizer):
+    from prunebench.models.loaded import LoadedModel
+
+    path = tmp_path / "alpaca_data_cleaned.json"
+    path.write_text(json.dumps([{"instruction": f"Task {i}.", "input": "x y" if i % 2 else "", "output": "no"}
+                                for i in range(10)]))
+    assert Alpaca(str(path), template="mop").documents()[:2] == ["Instruction: Task 0.\nResponse:",
+                                                                  "Instruction: Task 1.\nInput: x y\nResponse:"]
+    calib = PromptCalibration(path=str(path), name="mop_prompts", n_samples=4, seq_len=64, seed=1)
+    loaded = LoadedModel(model=torch.nn.Linear(1, 1), tokenizer=tokenizer, name="tiny", family="causal_lm",
+                         max_length=64)
+    batches = calib.batches(loaded, batch_size=8)
+    texts = [tokenizer.decode(b["input_ids"][0], skip_special_tokens=True) for b in batches]
+    assert len(batches) == 4 and len(set(texts)) == 4 and all(t.startswith("Instruction: Task") for t in texts)
+    assert all(b["labels"] is b["input_ids"] and b["input_ids"].shape[0] == 1 for b in batches)
+    again = [tokenizer.decode(b["input_ids"][0], skip_special_tokens=True) for b in calib.batches(loaded, 1)]
+    assert again == texts
 
 
 def test_file_reads_jsonl_records_field(tmp_path, tokenizer):

@@ -191,3 +191,68 @@ def test_transformer_blocks_of_a_composite_model_are_its_language_models():
                          vision_config=CLIPVisionConfig(**small, image_size=32, patch_size=8), image_token_index=5)
     name, blocks = transformer_blocks(LlavaForConditionalGeneration(config))
     assert name == "model.language_model.layers" and len(blocks) == 2
+
+
+def mha_decoder(layers: int = 6) -> AutoModelForCausalLM:
+    """Multi-head attention, as LLaMA-2-7B (the released rule's model): 4 heads of 8, 48 neurons."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", num_hidden_layers=layers, **{**SMALL, "num_key_value_heads": 4})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def shapes(model) -> tuple[int, set[int], set[int]]:
+    return (len(model.model.layers), {h.n_heads for h in attention_heads(model)},
+            {m.down_proj.in_features for m in mlp_modules(model)})
+
+
+def test_mop_released_sequence_removes_the_layers_and_widths_it_implies():
+    # By hand, per block: attention 4 x 32 x 32 = 4096, MLP 3 x 32 x 48 = 4608, norms 64.
+    # G1: p = 8768 / (6 x 8704) = 0.1679: round(4p) = 1 head, round(52p - 1) = 8 neurons -> 3 heads, 40 neurons.
+    # L2: the block at index len - 3 = 3 goes -> 5 blocks of 3072 + 3840 + 64 = 6976.
+    # G3: p = 6976 / (5 x 6912) = 0.2019: round(3p) = 1 head, round(43p - 1) = 8 neurons -> 2 heads, 32 neurons.
+    lm = loaded(mha_decoder())
+    pruner = MoPPruner(sequence="GLGGL", steps=3, g_rule="released")
+    stats = pruner.apply(lm, pruner.score(lm, Windows()), 0.9)
+    assert stats["mop/sequence"] == "GLG" and stats["mop/steps"] == 3 and stats["mop/layers_removed"] == 1
+    assert shapes(lm.model) == (5, {2}, {32})
+    assert stats["mop/width_fraction"] == pytest.approx(1 - 32 / 48)  # a ratio of integers, rounded once
+    # q, k, v, o of 2 heads x 8 dims, gate/up/down of 32 neurons, 2 norms, 5 blocks
+    assert block_params(lm.model) == 5 * (4 * 2 * 8 * 32 + 3 * 32 * 32 + 64)
+
+
+def test_mop_released_mlp_only_keeps_every_head():
+    # G1: p = 8768 / (6 x 4608) = 0.3171: round(48p) = 15 -> 33 neurons.
+    # G2: layer 0 = 4096 + 3 x 32 x 33 + 64 = 7328, p = 7328 / (6 x 3168) = 0.3855: round(33p) = 13 -> 20.
+    lm = loaded(mha_decoder())
+    pruner = MoPPruner(sequence="G", steps=2, g_rule="released", mlp_only=True)
+    pruner.apply(lm, pruner.score(lm, Windows()), 0.9)
+    assert shapes(lm.model) == (6, {4}, {20})
+
+
+def test_mop_released_steps_are_whole_and_stop_at_the_ratio():
+    lm = loaded(mha_decoder())
+    start = sum(p.numel() for p in lm.model.parameters())
+    pruner = MoPPruner(sequence="LGGLLLGGLLGLGLLGGL", g_rule="released", ratio_of="model")
+    stats = pruner.apply(lm, pruner.score(lm, Windows()), 0.25)
+    # L (one block of 8768 of 58848 = 14.9%), then G: past 25% after the second step, never cut short
+    assert stats["mop/sequence"] == "LG"
+    # the same integer ratio computed twice
+    assert stats["sparsity/actual"] == pytest.approx(1 - sum(p.numel() for p in lm.model.parameters()) / start)
+    assert stats["sparsity/actual"] >= 0.25
+
+
+def test_mop_released_sequence_refuses_a_step_it_cannot_take():
+    lm = loaded(mha_decoder(layers=3))
+    pruner = MoPPruner(sequence="LL", g_rule="released")
+    with pytest.raises(ValueError, match="step 2 is L"):
+        pruner.apply(lm, pruner.score(lm, Windows()), 0.9)
+
+
+def test_amp_batch_average_weighs_each_batch_once():
+    model = decoder(layers=2)
+    ids = Windows().samples(None)
+    short, long = {"input_ids": ids[:1, :4]}, {"input_ids": ids[1:]}
+    per_batch = amp_scores(model, [short, long], average="batch")
+    alone = [amp_scores(model, [b])["neurons"][0] for b in (short, long)]
+    # the mean of two means, each computed the same way: fp32 default tolerance
+    torch.testing.assert_close(per_batch["neurons"][0], (alone[0] + alone[1]) / 2)

@@ -93,6 +93,24 @@ class AlpacaCalibration(Calibration):
         super().__init__(Alpaca(path), **kwargs)
 
 
+class PromptCalibration(Calibration):
+    """MoP's released calibration: `n_samples` instruction prompts drawn at random (per seed), in the
+    MoP code's template, each run alone as one batch (no packing, no padding; cut at `seq_len`),
+    so a per-batch average is a per-prompt one (pruner.average=batch)."""
+
+    def __init__(self, path: str | None = None, **kwargs):
+        super().__init__(Alpaca(path, template="mop"), **kwargs)
+
+    def batches(self, loaded, batch_size: int) -> list[dict[str, torch.Tensor]]:
+        docs = self.corpus.documents()
+        prompts = random.Random(self.seed).sample(docs, min(self.n_samples, len(docs)))
+        out = []
+        for text in prompts:
+            ids = torch.tensor([loaded.tokenizer(text)["input_ids"][:self.seq_len]], device=loaded.device)
+            out.append({"input_ids": ids, **({"labels": ids} if loaded.family == "causal_lm" else {})})
+        return out
+
+
 class TaskCalibration(Calibration):
     """The documents of a task definition (conf/task_library/), pointed at a split that is not evaluated."""
 

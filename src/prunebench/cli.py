@@ -14,6 +14,7 @@ from hydra.core.utils import configure_log
 from omegaconf import DictConfig
 
 from prunebench.paths import CONF_DIR
+from prunebench.plan import format_plan, plan
 from prunebench.tracking.sweep import PARENT_ENV
 
 log = logging.getLogger("prunebench")
@@ -26,6 +27,9 @@ def app(cfg: DictConfig) -> None:
 
     quiet_libraries()
     overrides = list(HydraConfig.get().overrides.task)
+    if cfg.get("plan"):  # one job's plan (a sweep's is its callback's, before any job launches)
+        print(format_plan(plan(overrides, {}, lambda _: cfg), " ".join(overrides)))
+        return
     try:
         run(cfg, overrides, os.environ.get(PARENT_ENV))
     except ConfigError as err:

@@ -17,6 +17,9 @@ ALPACA_PROMPT = ("Below is an instruction that describes a task. Write a respons
 ALPACA_PROMPT_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
                        "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
                        "{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+# MoP's released calibration prompts (amp_criterion.py): (without input, with input)
+MOP_PROMPTS = ("Instruction: {instruction}\nResponse:", "Instruction: {instruction}\nInput: {input}\nResponse:")
+ALPACA_TEMPLATES = {"alpaca": (ALPACA_PROMPT, ALPACA_PROMPT_INPUT), "mop": MOP_PROMPTS}
 
 
 def local_file(path: str | Path, what: str) -> Path:
@@ -139,11 +142,14 @@ class C4(TextCorpus):
 
 
 class Alpaca(TextCorpus):
-    """Instruction prompts (Stanford Alpaca's template, without the response) from alpaca-cleaned:
-    a local JSON file of {instruction, input, output} records, or the hub dataset."""
+    """Instruction prompts (without the response) from alpaca-cleaned: a local JSON file of
+    {instruction, input, output} records, or the hub dataset; `template` alpaca (Stanford Alpaca's)
+    or mop (the MoP code's shorter one)."""
 
-    def __init__(self, path: str | None = None):
-        self.path = path
+    def __init__(self, path: str | None = None, template: str = "alpaca"):
+        if template not in ALPACA_TEMPLATES:
+            raise ValueError(f"alpaca template={template!r}; valid: {sorted(ALPACA_TEMPLATES)}")
+        self.path, self.template = path, ALPACA_TEMPLATES[template]
 
     def check(self) -> None:
         if self.path:
@@ -151,7 +157,7 @@ class Alpaca(TextCorpus):
 
     def documents(self) -> list[str]:
         rows = load_rows(str(local_file(self.path, "alpaca path")) if self.path else ALPACA_HUB)
-        return [(ALPACA_PROMPT_INPUT if row.get("input") else ALPACA_PROMPT).format(**row) for row in rows]
+        return [self.template[bool(row.get("input"))].format(**row) for row in rows]
 
     def data_ids(self) -> set[str]:
         return {data_id(self.path) if self.path else f"hf:{ALPACA_HUB}"}

@@ -134,6 +134,12 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
     return " ".join(shown)
 
 
+def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
+    """What a pruner's scores depend on: the jobs of a sweep over ratios share them."""
+    return {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
+            "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calibrated else None}
+
+
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
     metrics and the names already logged (each task's, as soon as it finished)."""
@@ -147,9 +153,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     scores = None
     if not dense:
         calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
-        key_data = {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
-                    "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calib else None}
-        scores, hit = cached_scores(pruner, loaded, calib, key_data)
+        scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
         mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
     metrics["time/score_s"] = time.perf_counter() - start
     start = time.perf_counter()

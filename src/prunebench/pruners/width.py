@@ -17,6 +17,8 @@ from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
 IN_PROJS = ("gate_proj", "up_proj")
+# how calibration statistics are averaged: over all tokens, or per batch (MoP's released prompts)
+AVERAGES = ("token", "batch")
 
 
 def mlp_modules(model: nn.Module) -> list[nn.Module]:
@@ -39,8 +41,12 @@ def keep_neurons(mlp: nn.Module, kept: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def amp_scores(model: nn.Module, batches: list[dict]) -> dict[str, list[torch.Tensor]]:
-    """Mean over calibration tokens of each head's |o_proj contribution|_1 and each neuron's |activation|."""
+def amp_scores(model: nn.Module, batches: list[dict], average: str = "token") -> dict[str, list[torch.Tensor]]:
+    """Mean over calibration tokens of each head's |o_proj contribution|_1 and each neuron's |activation|.
+    `average="batch"`: the mean of each batch's own token mean, as MoP's released code averages its
+    prompts (one per batch), so a long prompt weighs no more than a short one."""
+    if average not in AVERAGES:
+        raise ValueError(f"average={average!r}; valid: {AVERAGES}")
     heads, mlps = attention_heads(model), mlp_modules(model)
     head_sum = [torch.zeros(h.n_heads) for h in heads]
     neuron_sum = [torch.zeros(m.down_proj.in_features) for m in mlps]
@@ -56,7 +62,8 @@ def amp_scores(model: nn.Module, batches: list[dict]) -> dict[str, list[torch.Te
         act = args[0].abs().float() * weights["tokens"][..., None]
         neuron_sum[layer] += act.reshape(-1, act.shape[-1]).sum(0).cpu()
 
-    tokens = 0.0
+    # average="batch" folds each batch's mean into `means` and counts the batch as one
+    means, count = [torch.zeros_like(s) for s in head_sum + neuron_sum], 0.0
     with ExitStack() as stack:
         for layer, h in enumerate(heads):
             hook = h.out_proj.register_forward_pre_hook(
@@ -68,9 +75,15 @@ def amp_scores(model: nn.Module, batches: list[dict]) -> dict[str, list[torch.Te
         for batch in batches:
             mask = batch.get("attention_mask")
             weights["tokens"] = (mask if mask is not None else torch.ones_like(batch["input_ids"])).float()
-            tokens += float(weights["tokens"].sum())
             observe(model, batch)
-    return {"heads": [s / tokens for s in head_sum], "neurons": [s / tokens for s in neuron_sum]}
+            tokens = float(weights["tokens"].sum())
+            if average == "batch":
+                for mean, part in zip(means, head_sum + neuron_sum):
+                    mean += part / tokens
+                    part.zero_()
+            count += 1.0 if average == "batch" else tokens
+    sums = means if average == "batch" else head_sum + neuron_sum
+    return {"heads": [s / count for s in sums[:len(heads)]], "neurons": [s / count for s in sums[len(heads):]]}
 
 
 def width_of(model: nn.Module) -> tuple[int, int, bool]:

@@ -12,8 +12,13 @@ from prunebench.report.suites import suite_tables
 from prunebench.report.table import ID_COLUMNS, TRAILING, load_runs, results_table, to_markdown
 
 
-def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: list[str] | None = None) -> Path:
-    """`suites`: the suites to average across single-task runs (None: each with runs of two of its tasks)."""
+LAYOUTS = ("flat", "paper")
+
+
+def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: list[str] | None = None,
+                 layout: str = "flat") -> Path:
+    """`suites`: the suites to average across single-task runs (None: each with runs of two of its tasks).
+    `layout="paper"` adds the paper's table, flips and comparisons (report/paper.py) to the flat report."""
     runs = load_runs(experiment, sweep_run_id)
     if runs.empty:
         raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
@@ -41,6 +46,10 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
+    if layout == "paper":
+        from prunebench.report.paper import write_paper
+
+        write_paper(runs, out)
     return out
 
 

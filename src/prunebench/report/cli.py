@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import mlflow
 
-from prunebench.report.build import latest_sweep, write_report
+from prunebench.report.build import LAYOUTS, latest_sweep, write_report
 from prunebench.tracking.store import tracking_uri
 
 
@@ -20,8 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", action="append", default=None, metavar="NAME",
                         help="average this suite (e.g. glue) across its single-task runs; repeatable "
                              "(default: every suite with single-task runs of at least two of its tasks)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="flat",
+                        help="paper: also the paper's table (rows pruner config x ratio, mean +- std over seeds, "
+                             "stability; paper.md/.csv/.tex), flips and McNemar tests against the dense run and "
+                             "between rows (flips.csv, comparisons.csv) and paper.png")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
+    # one bar per downloaded predictions file would bury the table the paper layout prints
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
     if mlflow.get_experiment_by_name(args.experiment) is None:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
@@ -29,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sweep = latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
     try:
-        out = write_report(args.experiment, sweep, Path(args.out), args.suite)
+        out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout)
     except ValueError as err:
         print(f"prunebench-report: {err}", file=sys.stderr)
         return 2
     except LookupError as err:
         print(f"prunebench-report: {err}", file=sys.stderr)
         return 1
-    print((out / "results.md").read_text(), end="")
+    print((out / ("paper.md" if args.layout == "paper" else "results.md")).read_text(), end="")
     print(f"\n(written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
     if sweep:
         mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")

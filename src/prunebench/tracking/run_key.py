@@ -7,10 +7,14 @@ import copy
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.api.model_keys import PLANNING_KEYS
 from prunebench.cache import content_key
 
 # Fields that change where or how fast a job runs, never its numbers.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast")
+# `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data")
+# model-config keys that never change a job's numbers
+MODEL_RUNTIME_KEYS = ("device", *PLANNING_KEYS)
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
@@ -22,7 +26,8 @@ def identity(cfg: DictConfig) -> dict:
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RUNTIME_KEYS:
         data.pop(key, None)
-    data.get("model", {}).pop("device", None)
+    for key in MODEL_RUNTIME_KEYS:
+        data.get("model", {}).pop(key, None)
     data.get("eval", {}).pop("batch_tokens", None)
     task = data.get("task", {})
     # only the protocol that runs decides the numbers: OpenCompass's versions leave lm-eval runs alone

@@ -25,13 +25,18 @@ PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
 
 class SweepRunCallback(Callback):
     """`report`: import path of a function (experiment, sweep run id, folder) -> the folder it wrote;
-    its files are logged to the parent run under report/ (None: no report)."""
+    its files are logged to the parent run under report/ (None: no report). `planner`: import path
+    of a function (the sweep's config) -> exit status, which prints the grid under plan=true. Both
+    are named in the config so that tracking imports nothing above it."""
 
-    def __init__(self, report: str | None = None) -> None:
-        self.report = report
+    def __init__(self, report: str | None = None, planner: str | None = None) -> None:
+        self.report, self.planner = report, planner
         self.run_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
+            # the plan is all a plan=true sweep does: stop before Hydra launches (and makes folders for) its jobs
+            raise SystemExit(get_method(self.planner)(config))
         uri = store.tracking_uri(config.tracking.uri)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here

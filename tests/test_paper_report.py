@@ -1,0 +1,100 @@
+"""The paper layout: rows keyed by the pruner's whole config, mean +- std over seeds, flips and the
+exact McNemar test against the dense run and between rows, re-derived here from the logged
+per-document predictions."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.job import run
+from prunebench.report.cli import main as report_main
+from prunebench.report.paper import mcnemar, paper_table, task_results
+from prunebench.report.table import load_runs
+from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
+
+
+def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():
+    # 2 x 0.5^3, summed by scipy in floating point: approx's default 1e-6 is far below any other outcome
+    assert mcnemar([1, 1, 1, 0, 1], [0, 0, 0, 0, 1]) == (3, 0, pytest.approx(0.25))
+    assert mcnemar([1, 0], [1, 0]) == (0, 0, 1.0)
+
+
+def correct(run_id: str) -> dict[int, float]:
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/local_mc.jsonl")
+    return {r["doc_id"]: r["acc_norm"] for r in map(json.loads, open(path))}
+
+
+@pytest.fixture
+def grid(store, tmp_path):
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    calib = ["calib=file", f"calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"]
+    jobs = [["pruner=heads_l2"], ["pruner=heads_random", "seed=0"], ["pruner=heads_random", "seed=1"],
+            ["pruner=hies", "pruner.alpha=0.3", *calib], ["pruner=hies", "pruner.alpha=0.7", *calib]]
+    for overrides in jobs:  # the dense baseline runs first
+        run(compose_cfg([*TINY_MC, "sparsity=0.5", *overrides]))
+    mlflow.set_tracking_uri(store)
+    return load_runs("prunebench")
+
+
+def test_rows_are_keyed_by_the_whole_config_and_seeds_averaged(grid):
+    table = paper_table(task_results(grid))
+    assert list(table.label) == ["none", "heads_l2", "heads_random", "hies (alpha=0.3)", "hies (alpha=0.7)"]
+    random_runs = grid[grid["tags.prunebench.pruner"] == "heads_random"]["metrics.local_mc/acc_norm"]
+    row = table[table.label == "heads_random"].iloc[0]
+    # the same two values averaged again: only the order of a two-term sum can differ
+    assert row["local_mc/seeds"] == 2
+    assert row["local_mc/acc_norm"] == pytest.approx(random_runs.mean(), abs=1e-12)
+    assert row["local_mc/acc_norm_std"] == pytest.approx(random_runs.std(), abs=1e-12, nan_ok=True)
+    for alpha in ("0.3", "0.7"):
+        logged = grid[grid["params.pruner.alpha"] == alpha].iloc[0]
+        assert table[table.label == f"hies (alpha={alpha})"].iloc[0]["local_mc/acc_norm"] == \
+            logged["metrics.local_mc/acc_norm"]
+
+
+def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert report_main(["--experiment", "prunebench", "--out", str(out), "--layout", "paper"]) == 0
+    assert capsys.readouterr().out.startswith("## Paper layout\n\n| model | pruner | ratio | local_mc/acc_norm |")
+    assert {"paper.md", "paper.csv", "paper.tex", "flips.csv", "comparisons.csv", "paper.png",
+            "results.md"} <= {p.name for p in out.iterdir()}
+    tex = (out / "paper.tex").read_text()
+    assert "\\toprule" in tex and "\\bottomrule" in tex and "$\\pm$" in tex and "heads\\_random" in tex
+    flips = pd.read_csv(out / "flips.csv")
+    assert len(flips) == 5
+    dense = correct(grid[grid["tags.prunebench.pruner"] == "none"].run_id.iloc[0])
+    for _, row in flips.iterrows():
+        seed = json.loads(row.seed)
+        runs = grid[(grid["tags.prunebench.pruner"] == row.pruner.split(" ")[0])
+                    & (grid["params.seed"] == seed["seed"])]
+        if row.pruner.startswith("hies"):
+            runs = runs[runs["params.pruner.alpha"] == row.pruner.split("=")[1].rstrip(")")]
+        pruned = correct(runs.run_id.iloc[0])
+        lost = sum(dense[d] == 1 and pruned[d] == 0 for d in dense)
+        gained = sum(dense[d] == 0 and pruned[d] == 1 for d in dense)
+        assert (row["right->wrong"], row["wrong->right"], row.docs) == (lost, gained, len(dense))
+        # the same scipy call on the same counts: approx only for the float's last bit
+        assert row.p == pytest.approx(binomtest(lost, lost + gained).pvalue if lost + gained else 1.0)
+    compared = pd.read_csv(out / "comparisons.csv")
+    # four pruned rows at one ratio: six pairs; heads_random pairs both seeds with the others' one run
+    assert len(compared) == 6
+    assert set(compared[compared.a == "heads_random"].pairs) | set(compared[compared.b == "heads_random"].pairs) == {5}
+
+
+def test_checkpoints_per_task_share_a_row_though_each_calibrates_on_its_own_task(glue_dir, store):
+    labels = {"sst2": "[negative,positive]", "cola": "[unacceptable,acceptable]"}
+    for task in ("sst2", "cola"):
+        run(compose_cfg(["model=tiny-bert-cls", f"model.name=bert-{task}", f"model.labels={labels[task]}",
+                         f"task={task}", f"data_dir={glue_dir}", "pruner=hies_paper", "calib=glue_train",
+                         f"task_library@calib.task={task}", "calib.n_samples=4", "sparsity=0.5",
+                         "trainer.enable_progress_bar=false"]))
+    mlflow.set_tracking_uri(store)
+    table = paper_table(task_results(load_runs("prunebench")))
+    assert list(zip(table.model, table.label)) == [("(one per task)", "none"), ("(one per task)", "hies")]
+    assert list(table.tasks) == ["2/2", "2/2"]

@@ -1,0 +1,146 @@
+"""Paper presets: each composes and validates job by job with tiny models and self-written data
+standing in for the real ones, its grid has the size the README states, its first two jobs run, and
+the plan reads the store without writing to it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conftest import FIXTURES, compose_cfg
+from prunebench import job
+from prunebench.paths import CONF_DIR
+from prunebench.plan import DENSE, fixed_overrides, format_plan, main, plan, sweep_jobs
+from prunebench.tracking.sweep import SweepRunCallback
+from test_classification import glue_tsv
+from test_vision import cifar100, fashion_mnist, food101, image_folder
+
+# grid jobs, dense baselines: the README's "Paper presets" table states these
+GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
+         "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1)}
+QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
+LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """One data_dir in ../shared/data's layout (the benchmark fixtures, GLUE, WikiText-2, two BBH
+    subtasks), an alpaca file, image trees for the vision preset and a stand-in checkpoint path."""
+    root = tmp_path_factory.mktemp("data")
+    for folder in (FIXTURES / "benchmarks").iterdir():
+        (root / folder.name).symlink_to(folder)
+    (root / "bbh").symlink_to(FIXTURES / "bbh" / "bbh")
+    (root / "wikitext2").mkdir()
+    (root / "wikitext2" / "wiki.train.raw").write_text(" = Heading = \n the quick brown fox jumps over it . \n" * 60)
+    for task, folder in (("sst2", "SST-2"), ("cola", "CoLA"), ("mrpc", "MRPC"), ("qqp", "QQP"), ("stsb", "STS-B"),
+                         ("qnli", "QNLI"), ("rte", "RTE"), ("mnli", "MNLI")):
+        (root / "glue" / folder).mkdir(parents=True)
+        for seed, name in enumerate(["dev_matched", "dev_mismatched", "train"] if task == "mnli" else ["dev", "train"]):
+            (root / "glue" / folder / f"{name}.tsv").write_text(glue_tsv(task, 12 if name != "train" else 20, seed))
+    alpaca = root / "alpaca.json"
+    alpaca.write_text(json.dumps([{"instruction": f"Say {w}.", "input": "x" * (i % 2), "output": w}
+                                  for i, w in enumerate("one two three four five six".split())]))
+    vision = {"imagenet1k": (image_folder(root / "in_val"), image_folder(root / "in_train")),
+              "cifar100": (cifar100(root / "c100"),), "food101": (food101(root / "f101"),),
+              "fashion_mnist": (fashion_mnist(root / "fm"),)}
+    return root, alpaca, vision
+
+
+def tiny(name: str, data) -> list[str]:
+    """The overrides that put tiny models and local files in place of a preset's real ones."""
+    root, alpaca, vision = data
+    common = [f"data_dir={root}", *QUICK]
+    if name.startswith("mop"):  # six blocks: MoP's L steps keep the last two
+        return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", f"calib.path={alpaca}",
+                "calib.n_samples=3", *LATENCY]
+    if name == "hies_bert_glue":
+        return [*common, "model=tiny-bert-cls", "calib.n_samples=4"]
+    if name == "hies_llama2":
+        return [*common, "model=tiny-llama", "calib.n_samples=2", "calib.seq_len=16"]
+    if name == "hies_vit":
+        paths = [f"vision_data.imagenet1k.eval={vision['imagenet1k'][0]}",
+                 f"vision_data.imagenet1k.train={vision['imagenet1k'][1]}"]
+        for ds in ("cifar100", "food101", "fashion_mnist"):  # validation reads no checkpoint: any path will do
+            paths += [f"vision_data.{ds}.eval={vision[ds][0]}", f"vision_data.{ds}.train={vision['imagenet1k'][1]}",
+                      f"vision_data.{ds}.checkpoint={alpaca}"]
+        return [*common, "model=tiny-vit", "calib.n_samples=4", "bench.warmup=1", "bench.runs=1",
+                "bench.throughput_batch=2", *paths]
+    arc_dev = FIXTURES / "benchmarks" / "arc" / "ARC-Easy-Test.jsonl"  # ARC-e's OpenCompass version reads dev
+    return [*common, "model=tiny-olmoe", "limit=1", f"task.protocols.opencompass.arc_easy.source.path={arc_dev}",
+            "task.tasks.bbh_cot_fewshot.subtasks=[boolean_expressions,date_understanding]",
+            "task.tasks.bbh_cot_fewshot.max_gen_toks=8"]
+
+
+def preset_plan(name: str, extra: list[str]):
+    arguments = [f"experiment={name}", *extra]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
+        params = OmegaConf.to_container(base.hydra.sweeper.params)
+        return plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
+
+
+def test_every_preset_option_is_a_preset_with_a_grid():
+    presets = sorted(p.stem for p in (FIXTURES.parents[1] / "conf" / "experiment").glob("*.yaml"))
+    assert presets == sorted(GRIDS)
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_preset_grid_composes_and_validates_with_tiny_models(name, data, store):
+    jobs = preset_plan(name, tiny(name, data))
+    grid = [j for j in jobs if j.overrides[0] != DENSE]
+    assert [j.note for j in jobs if j.status == "invalid"] == []
+    assert (len(grid), len(jobs) - len(grid)) == GRIDS[name]
+    assert {j.status for j in jobs} == {"left"}
+    assert not Path(store.removeprefix("sqlite:///")).exists()  # validated without touching the store
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_preset_first_two_jobs_run_on_tiny_models(name, data, store):
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        params = OmegaConf.to_container(compose("config", overrides=[f"experiment={name}"],
+                                                return_hydra_config=True).hydra.sweeper.params)
+        first_two = sweep_jobs(params, [f"experiment={name}"])[:2]
+        for overrides in first_two:
+            job.run(compose("config", overrides=[*overrides, *tiny(name, data)]), overrides)
+    runs = mlflow.search_runs(experiment_names=["prunebench"], filter_string="attributes.status = 'FINISHED'")
+    assert len(runs) == 3  # the two jobs and their dense baseline, evaluated first
+
+
+def test_plan_counts_finished_runs_and_writes_nothing(store, capsys):
+    overrides = ["experiment=hies_llama2", "model=tiny-llama", "task=local_mc",
+                 f"task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}", *QUICK]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        job.run(compose("config", overrides=[*overrides, "pruner=heads_random", "sparsity=0.1"]))  # + its dense run
+    before = mlflow.search_runs(experiment_names=["prunebench"])
+    assert main(overrides) == 0
+    printed = capsys.readouterr().out
+    jobs = preset_plan("hies_llama2", overrides)
+    assert [j.status for j in jobs].count("done") == 2 and jobs[0].status == "done" and jobs[-1].status == "done"
+    assert "30 grid jobs + 1 dense baseline(s): 2 done, 29 left, 0 invalid" in printed
+    assert len(mlflow.search_runs(experiment_names=["prunebench"])) == len(before) == 2
+
+
+def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(store, capsys):
+    overrides = ["experiment=dynmoe_olmoe", "model=tiny-olmoe", "task=local_mc",
+                 f"task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}", "plan=true"]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        OmegaConf.set_struct(cfg, False)
+        cfg.hydra.overrides.task = overrides
+        with pytest.raises(SystemExit) as stop:
+            SweepRunCallback(planner="prunebench.plan.sweep_plan").on_multirun_start(cfg)
+    assert stop.value.code == 0
+    assert "5 grid jobs + 1 dense baseline(s): 0 done, 6 left" in capsys.readouterr().out
+    assert not Path(store.removeprefix("sqlite:///")).exists()
+
+
+def test_plan_marks_a_job_that_cannot_run_and_the_repeats():
+    jobs = plan(["pruner=none,magnitude", "sparsity=0,1.5,0.3", "model=tiny-llama"], {}, compose_cfg)
+    assert [j.status for j in jobs] == ["left", "invalid", "repeat", "repeat", "invalid", "left"]
+    assert "sparsity=1.5 is outside [0, 1)" in jobs[1].note and jobs[3].note == "same run key as #0"
+    assert "6 grid jobs + 0 dense baseline(s): 0 done, 2 left, 2 invalid, 2 repeated" in format_plan(jobs)
