@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
+
+from prunebench.tasks.generation import GenerateUntilTask, Request
 
 # the official table: an answer written without its apostrophe -> with it
 CONTRACTIONS = {
@@ -107,3 +110,31 @@ def llava_scienceqa_answer(prediction: str, n_choices: int) -> str:
         found = _THE_ANSWER_IS.findall(prediction)
         answer = found[0] if len(found) == 1 else "FAILED"
     return answer if answer in LLAVA_OPTIONS[:n_choices] else "FAILED"
+
+
+VIZWIZ_POST_PROMPT = ("\nWhen the provided information is insufficient, respond with 'Unanswerable'."
+                      "\nAnswer the question using a single word or phrase.")
+
+
+def vizwiz_prompt(doc: dict) -> str:
+    """lmms-eval's vizwiz_vqa prompt: the question capitalised (str.capitalize, which also lowers the
+    rest), then the post-prompt. LLaVA's llava_test.jsonl holds the question with that post-prompt
+    appended (`text`); the hub's schema holds it alone (`question`)."""
+    question = doc["question"] if "question" in doc else doc["text"].removesuffix(VIZWIZ_POST_PROMPT)
+    return question.capitalize() + VIZWIZ_POST_PROMPT
+
+
+def annotator_answers(doc: dict) -> list[str]:
+    """The annotators' answers: strings (the hub's schema) or VizWiz's {"answer", "answer_confidence"}."""
+    return [a["answer"] if isinstance(a, dict) else a for a in doc.get("answers") or []]
+
+
+@dataclass
+class VQATask(GenerateUntilTask):
+    """A generation task scored by VQA soft accuracy (`exact_match`, lmms-eval's name) against the
+    document's annotator answers; the record's `exact_match_answer` is the normalised reply, what
+    a submission file for the evaluation server holds."""
+
+    def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
+        return ({name: normalize_answer(response) for name in self.filters},
+                {name: vqa_soft_accuracy(response, annotator_answers(request.doc)) for name in self.filters})
