@@ -8,11 +8,11 @@ import json
 import mlflow
 import pytest
 
-from conftest import SHARED_DATA, compose_cfg
+from conftest import SHARED_DATA, compose_cfg, stand_in_images
 from prunebench import job
 from prunebench.tasks.build import build_tasks
-from test_vizwiz import QUIET, stand_in_images
 
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "pruner=none"]
 SQA = SHARED_DATA / "scienceqa" / "llava_test_CQM-A.json"
 POST = "\nAnswer with the option's letter from the given choices directly."
 
@@ -26,8 +26,6 @@ def sqa_cfg(data: list[str], images) -> list[str]:
 def test_the_real_file_parses_to_the_image_subset_with_lmms_eval_prompts(tmp_path):
     items = json.loads(SQA.read_text())
     names = sorted({item["image"] for item in items if "image" in item})
-    for name in {n.split("/")[0] for n in names}:
-        (tmp_path / "images" / name).mkdir(parents=True)
     stand_in_images(tmp_path / "images", names)
     task = build_tasks(compose_cfg(sqa_cfg([f"data_dir={SHARED_DATA}"], tmp_path / "images")))["scienceqa_img"]
     requests = task.instances()
@@ -63,7 +61,6 @@ def test_scienceqa_img_runs_on_tiny_llava(tmp_path, store):
                  {"from": "human", "value": "<image>\nContext: A map.\nWhich colony?\nA. Maryland\nB. Vermont\nC. Ohio"},
                  {"from": "gpt", "value": "C"}]}]
     (tmp_path / "q.json").write_text(json.dumps(items))
-    (tmp_path / "images" / "2").mkdir(parents=True)
     stand_in_images(tmp_path / "images", ["2/image.png"])
     cfg = compose_cfg([*sqa_cfg([f"task.tasks.scienceqa_img.source.path={tmp_path / 'q.json'}"], tmp_path / "images"),
                        *QUIET])

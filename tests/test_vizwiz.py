@@ -4,13 +4,10 @@ model loads, and a run on tiny-llava through the job."""
 from __future__ import annotations
 
 import json
-import os
-
 import mlflow
 import pytest
-from PIL import Image
 
-from conftest import SHARED_DATA, compose_cfg
+from conftest import SHARED_DATA, compose_cfg, stand_in_images
 from prunebench import job
 from prunebench.api.errors import ConfigError
 from prunebench.tasks.build import build_tasks
@@ -20,15 +17,6 @@ QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=fals
 VIZWIZ = SHARED_DATA / "vizwiz" / "llava_test.jsonl"
 POST = ("\nWhen the provided information is insufficient, respond with 'Unanswerable'."
         "\nAnswer the question using a single word or phrase.")
-
-
-def stand_in_images(folder, names) -> None:
-    """One small picture, hard-linked under every name the questions use (thousands cost no space)."""
-    folder.mkdir(exist_ok=True)
-    first = folder / "stand_in.png"
-    Image.new("RGB", (8, 8), (120, 30, 200)).save(first)
-    for name in names:
-        os.link(first, folder / name)
 
 
 @pytest.mark.shared_data

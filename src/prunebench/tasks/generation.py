@@ -135,15 +135,20 @@ class GenerateUntilTask:
 
     def check_images(self, shown: int = 5) -> None:
         """Every document's image exists: a run that would fail on image 3000 fails before any model loads."""
-        if not self.image_dir:
-            raise FileNotFoundError(f"task {self.name} reads images: set image_dir=DIR (the benchmark's image folder)")
         missing = [str(path) for path in map(self.image_path, self.docs()) if not path.is_file()]
         if missing:
             raise FileNotFoundError(f"task {self.name}: {len(missing)} image(s) missing under image_dir="
                                     f"{self.image_dir!r}, first: {missing[:shown]}")
 
     def image_path(self, doc: dict) -> Path:
-        return Path(self.image_dir).expanduser() / str(resolve(self.doc_to_image, doc))
+        """An absolute name is the file; a relative one lies under `image_dir`."""
+        name = Path(str(resolve(self.doc_to_image, doc)))
+        if name.is_absolute():
+            return name
+        if not self.image_dir:
+            raise FileNotFoundError(f"task {self.name} reads images: set task.tasks.{self.name}.image_dir=DIR "
+                                    f"(the benchmark's image folder)")
+        return Path(self.image_dir).expanduser() / name
 
     def docs(self, limit: int | None = None) -> list[dict]:
         docs = self.source.load()
