@@ -109,3 +109,19 @@ def test_hf_vlm_loads_a_saved_llava_folder(tmp_path, tiny_llava):
     images.mkdir()
     task = picture_task(images)
     assert [r["response"] for r in run_engine(task, loaded)] == [r["response"] for r in run_engine(task, tiny_llava)]
+
+
+def test_magnitude_prunes_the_language_tower_only(tiny_llava):
+    """Until pruner.scope lands, a vlm is pruned in its language model: tower and projector untouched."""
+    import copy
+
+    from hydra.utils import instantiate
+
+    model = copy.deepcopy(tiny_llava)
+    pruner = instantiate(compose_cfg(["model=tiny-llava", "pruner=magnitude"]).pruner, _convert_="all")
+    pruner.apply(model, pruner.score(model, None), 0.5)
+    zeros = {name: float((module.weight == 0).float().mean()) for name, module in model.model.named_modules()
+             if isinstance(module, torch.nn.Linear)}
+    language = {n: z for n, z in zeros.items() if ".language_model.layers." in n}
+    assert language and all(z == 0.5 for z in language.values())  # layer scope: exactly half of each matrix
+    assert all(z == 0.0 for n, z in zeros.items() if n not in language)
