@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,15 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not present")
     return path
+
+
+def stand_in_images(folder, names) -> None:
+    """One small picture, hard-linked under every name the questions use (thousands cost no space)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+
+    first = folder / "stand_in.png"
+    Image.new("RGB", (8, 8), (120, 30, 200)).save(first)
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        os.link(first, folder / name)

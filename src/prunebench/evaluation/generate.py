@@ -50,16 +50,20 @@ class Generator:
         self.stops = GeneratedStopStrings(tokenizer, stops) if stops else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    @torch.inference_mode()
     def __call__(self, prompts: list[list[int]]) -> list[str]:
-        device = self.model.device
         ids, mask = left_pad(prompts, self.pad_id)
-        width = ids.shape[1]
+        return self.generate({"input_ids": ids, "attention_mask": mask})
+
+    @torch.inference_mode()
+    def generate(self, inputs: dict[str, torch.Tensor]) -> list[str]:
+        """From left-padded model inputs (a processor's: `pixel_values` too)."""
+        device = self.model.device
+        width = inputs["input_ids"].shape[1]
         criteria = StoppingCriteriaList()
         if self.stops is not None:
             self.stops.prompt_width = width
             criteria.append(self.stops)
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+        out = self.model.generate(**{key: value.to(device) for key, value in inputs.items()},
                                   max_new_tokens=self.max_new_tokens, do_sample=False,
                                   stopping_criteria=criteria, pad_token_id=self.pad_id)
         texts = self.tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)

@@ -2,6 +2,10 @@
 task's process_results (answer filters, exact match) -> torchmetrics per member task, aggregated
 per group.
 
+Requests that carry images (a vision-language model's) take the model's own path: the prompt is
+rendered with the processor's chat template, and each batch goes through the processor (images
+opened only then, so a benchmark's thousands of images are never held at once).
+
 A task here is one generate_until task or a group of them (BBH's subtasks) sharing their stop
 strings and token budget: `members` are evaluated in one test loop, their requests batched together."""
 
@@ -25,7 +29,13 @@ from prunebench.models.loaded import LoadedModel
 @dataclass
 class EncodedRequest:
     document: Document  # its one request: a GenerateUntil; `task` names the member it belongs to
-    tokens: list[int]
+    tokens: list[int]  # with images: the rendered prompt's, each image one token (the processor expands it)
+    text: str | None = None  # with images: the prompt rendered with the chat template
+    image_tokens: int = 0  # the positions its images add
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) + self.image_tokens
 
 
 class GenerationDataModule(L.LightningDataModule):
@@ -39,7 +49,7 @@ class GenerationDataModule(L.LightningDataModule):
         if task.max_gen_toks >= model.max_length:
             raise ValueError(f"max_gen_toks={task.max_gen_toks} leaves no room for a prompt in the model's "
                              f"{model.max_length} positions")
-        self.task, self.tokenizer, self.max_length = task, model.tokenizer, model.max_length
+        self.task, self.model, self.tokenizer, self.max_length = task, model, model.tokenizer, model.max_length
         self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
         self.batches: list[list[EncodedRequest]] = []
 
@@ -48,12 +58,24 @@ class GenerationDataModule(L.LightningDataModule):
             return
         room = self.max_length - self.task.max_gen_toks
         documents = self.task.instances(self.limit)
-        for document in documents:
+        encoded = [self.encode(d, room) for d in documents]
+        encoded.sort(key=lambda e: (-e.length, e.document.requests[0].prompt))
+        self.batches = pack(encoded, lambda e: e.length + self.task.max_gen_toks, self.batch_tokens)
+
+    def encode(self, document: Document, room: int) -> EncodedRequest:
+        request = document.requests[0]
+        if not request.images:
+            return EncodedRequest(document, encode(self.tokenizer, request.prompt, self.add_bos)[-room:])
+        if self.model.processor is None:
             refuse_images(self.task, document)
-        encoded = [EncodedRequest(d, encode(self.tokenizer, d.requests[0].prompt, self.add_bos)[-room:])
-                   for d in documents]
-        encoded.sort(key=lambda e: (-len(e.tokens), e.document.requests[0].prompt))
-        self.batches = pack(encoded, lambda e: len(e.tokens) + self.task.max_gen_toks, self.batch_tokens)
+        text = self.model.chat_prompt(request.prompt, len(request.images))
+        encoded = EncodedRequest(document, self.tokenizer(text)["input_ids"], text,
+                                 len(request.images) * (self.model.image_tokens - 1))
+        if encoded.length > room:
+            # cutting the prompt's start would cut image tokens the processor must see whole
+            raise ValueError(f"task {self.task.name}, document {document.doc_id}: the prompt with its images takes "
+                             f"{encoded.length} positions, more than the {room} max_length - max_gen_toks leaves")
+        return encoded
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
@@ -65,7 +87,7 @@ class GenerationModule(L.LightningModule):
 
     def __init__(self, model: LoadedModel, task):
         super().__init__()
-        self.model, self.task = model.model, task
+        self.model, self.task, self.adapter = model.model, task, model
         self.members = [member.name for member in task.members]
         self.grouped = task.grouped
         self.generator = Generator(model, task.until, task.max_gen_toks)
@@ -76,7 +98,11 @@ class GenerationModule(L.LightningModule):
         self.group_stderr: dict[str, float] = {}
 
     def test_step(self, batch: list[EncodedRequest], batch_idx: int) -> None:
-        responses = self.generator([item.tokens for item in batch])
+        if batch[0].text is None:
+            responses = self.generator([item.tokens for item in batch])
+        else:
+            images = [list(item.document.requests[0].images) for item in batch]
+            responses = self.generator.generate(self.adapter.multimodal_inputs([i.text for i in batch], images))
         for item, response in zip(batch, responses):
             document = item.document
             record = self.task.process_results(document, [response])

@@ -48,3 +48,44 @@ def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int =
     model = AutoModelForCausalLM.from_config(hf_config, dtype=resolve_dtype(dtype)).to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
                        max_length=model_max_length(hf_config, tokenizer, max_length))
+
+
+# LLaVA-1.5's chat template (llava-hf/llava-1.5-7b-hf), images first then text, without the
+# assistant-turn branch a tiny test model never needs: "USER: <image>\n{text} ASSISTANT:"
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' ' }}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+
+
+def load_tiny_llava(*, name: str, family: str = "vlm", text_config: dict, vision_config: dict, seed: int = 0,
+                    dtype: str = "float32", device: str = "cpu", max_length: int | None = None):
+    """A random LlavaForConditionalGeneration: a tiny Llama, a tiny CLIP vision tower and a
+    LlavaProcessor over the tiny tokenizer with `<image>` added.
+
+    The processor counts an image's tokens as patches + num_additional_image_tokens, minus one
+    under the "default" strategy (which drops CLS); the tower yields patches + 1 (CLS) features, so
+    num_additional_image_tokens=1 is what makes the two agree."""
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    from prunebench.models.vlm import VisionLanguageModel
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    vision = CLIPVisionConfig(**vision_config)
+    side, patch = vision.image_size, vision.patch_size
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side}),
+        tokenizer=tokenizer, patch_size=patch, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=LLAVA_CHAT_TEMPLATE, image_token="<image>")
+    text = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **text_config)
+    config = LlavaConfig(text_config=text, vision_config=vision, vision_feature_select_strategy="default",
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                         image_seq_length=(side // patch) ** 2)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).to(dtype=resolve_dtype(dtype), device=device).eval()
+    return VisionLanguageModel(model=model, tokenizer=tokenizer, name=name, family=family,
+                               max_length=model_max_length(text, tokenizer, max_length), processor=processor)

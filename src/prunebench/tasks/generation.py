@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 from prunebench.api.requests import GENERATE_UNTIL, Document, GenerateUntil
@@ -86,7 +87,9 @@ class GenerateUntilTask:
     """`filters` maps each metric name to the filter whose answer it scores (the first one is the
     headline); `target_filter` normalises the reference too (OpenCompass's option letters).
     `fewshot`: exemplar documents, rendered with the same templates, `target_delimiter` between
-    question and answer and `fewshot_delimiter` after each."""
+    question and answer and `fewshot_delimiter` after each. `doc_to_image` (a field or template
+    naming an image file under `image_dir`) makes each request carry its image, for a
+    vision-language model."""
 
     kind: ClassVar[str] = GENERATE_UNTIL
     lower_is_better: ClassVar[bool] = False
@@ -106,6 +109,8 @@ class GenerateUntilTask:
     metric: ExactMatch = field(default_factory=ExactMatch)
     target_filter: AnswerFilter | None = None
     primary: str | None = None
+    doc_to_image: str | None = None
+    image_dir: str | None = None
 
     def __post_init__(self):
         self.until = list(self.until)
@@ -125,6 +130,25 @@ class GenerateUntilTask:
 
     def check(self) -> None:
         self.source.check()
+        if self.doc_to_image:
+            self.check_images()
+
+    def check_images(self, shown: int = 5) -> None:
+        """Every document's image exists: a run that would fail on image 3000 fails before any model loads."""
+        missing = [str(path) for path in map(self.image_path, self.docs()) if not path.is_file()]
+        if missing:
+            raise FileNotFoundError(f"task {self.name}: {len(missing)} image(s) missing under image_dir="
+                                    f"{self.image_dir!r}, first: {missing[:shown]}")
+
+    def image_path(self, doc: dict) -> Path:
+        """An absolute name is the file; a relative one lies under `image_dir`."""
+        name = Path(str(resolve(self.doc_to_image, doc)))
+        if name.is_absolute():
+            return name
+        if not self.image_dir:
+            raise FileNotFoundError(f"task {self.name} reads images: set task.tasks.{self.name}.image_dir=DIR "
+                                    f"(the benchmark's image folder)")
+        return Path(self.image_dir).expanduser() / name
 
     def docs(self, limit: int | None = None) -> list[dict]:
         docs = self.source.load()
@@ -136,8 +160,11 @@ class GenerateUntilTask:
         return self.description + shots + resolve(self.doc_to_text, doc)
 
     def instances(self, limit: int | None = None) -> list[Request]:
-        return [Request(i, [GenerateUntil(self.prompt(doc))], doc, self.name, str(resolve(self.doc_to_target, doc)))
-                for i, doc in enumerate(self.docs(limit))]
+        return [Request(i, [GenerateUntil(self.prompt(doc), self.images(doc))], doc, self.name,
+                        str(resolve(self.doc_to_target, doc))) for i, doc in enumerate(self.docs(limit))]
+
+    def images(self, doc: dict) -> tuple:
+        return (self.image_path(doc),) if self.doc_to_image else ()
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
         """(the filtered answer of each metric, each metric's value)."""

@@ -227,3 +227,30 @@ def bigbench_docs(spec: dict) -> list[dict]:
     if not docs:
         raise ValueError(f"BIG-bench task {spec.get('name')!r} has no multiple-choice examples (target_scores)")
     return docs
+
+
+class EasyVQASource(DocSource):
+    """easy-VQA (PyPI `easy-vqa`, MIT): generated shapes with real questions and answers, installed
+    with its PNG images, so a vision-language evaluation runs offline. Documents: question, answer,
+    image (an absolute path into the package)."""
+
+    def __init__(self, split: str = "test"):
+        if split not in ("train", "test"):
+            raise ValueError(f"easy_vqa split={split!r}: use train or test")
+        self.split = split
+
+    def check(self) -> None:
+        try:
+            import easy_vqa  # noqa: F401
+        except ImportError as err:
+            raise FileNotFoundError("easy_vqa needs the PyPI package easy-vqa (pip install easy-vqa)") from err
+
+    def load(self) -> list[dict]:
+        import easy_vqa
+
+        questions, answers, image_ids = getattr(easy_vqa, f"get_{self.split}_questions")()
+        paths = getattr(easy_vqa, f"get_{self.split}_image_paths")()
+        return [{"question": q, "answer": a, "image": paths[i]} for q, a, i in zip(questions, answers, image_ids)]
+
+    def describe(self) -> str:
+        return f"easy_vqa:{self.split}"

@@ -1,0 +1,62 @@
+"""Vision-language models (LLaVA and its kin): the adapter renders a prompt with the processor's
+chat template and turns prompts plus images into model inputs through the processor, so the
+generation engine feeds images without knowing the family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
+
+
+def open_image(image):
+    """A path (opened with PIL, which reads pixels and never unpickles) or an image already opened."""
+    if isinstance(image, (str, Path)):
+        from PIL import Image
+
+        with Image.open(image) as img:
+            return img.convert("RGB")
+    return image.convert("RGB")
+
+
+@dataclass
+class VisionLanguageModel(LoadedModel):
+    """`processor`: the model's processor (image processor + tokenizer + chat template)."""
+
+    @property
+    def image_tokens(self) -> int:
+        """Positions one image takes in the prompt (LLaVA-1.5: 576), for batch budgets."""
+        return int(getattr(self.model.config, "image_seq_length", 0) or 0)
+
+    def chat_prompt(self, prompt: str, n_images: int) -> str:
+        """One user turn with the images before the text and the assistant's turn opened, as
+        lmms-eval's llava_hf renders it: "USER: <image>\\n{prompt} ASSISTANT:" for LLaVA-1.5."""
+        content = [{"type": "image"}] * n_images + [{"type": "text", "text": prompt}]
+        return self.processor.apply_chat_template([{"role": "user", "content": content}],
+                                                  add_generation_prompt=True)
+
+    def multimodal_inputs(self, texts: list[str], images: list[list]) -> dict:
+        """Rendered prompts and their images -> left-padded model inputs, pixels in the model's dtype."""
+        flat = [open_image(image) for row in images for image in row]
+        self.processor.tokenizer.padding_side = "left"
+        inputs = self.processor(images=flat or None, text=texts, return_tensors="pt", padding=True)
+        return dict(inputs.to(dtype=self.model.dtype))
+
+
+def load_vlm(*, path: str, name: str, family: str = "vlm", dtype: str = "float32", device: str = "cpu",
+             max_length: int | None = None, revision: str | None = None, attn_implementation: str | None = None,
+             trust_remote_code: bool = False) -> VisionLanguageModel:
+    """Any image-text-to-text checkpoint with a processor (a hub id or a local folder); for
+    llava-hf checkpoints transformers resolves it to LlavaForConditionalGeneration."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device).eval()
+    processor = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    text_config = getattr(model.config, "text_config", model.config)
+    return VisionLanguageModel(model=model, tokenizer=processor.tokenizer, name=name, family=family,
+                               max_length=model_max_length(text_config, processor.tokenizer, max_length),
+                               processor=processor)
