@@ -56,14 +56,15 @@ def finished_run(uri: str, exp_id: str, key: str):
 
 
 @contextmanager
-def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
-    """Yields the active run; an exception ends it FAILED (KILLED on interrupt) with the traceback
-    logged, so no run is ever left RUNNING."""
-    if parent_run_id:
-        tags = {**tags, "mlflow.parentRunId": parent_run_id}
-    run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags)
+def job_run(claim, run_name: str):
+    """Yields the claimed run (`claim.Claim`), active; an exception ends it FAILED (KILLED on
+    interrupt) with the traceback logged, so no run is ever left RUNNING. A run whose claim was lost
+    meanwhile (`claim.lost_to`) does not end FINISHED: taken over, it stays KILLED; beaten by an
+    overlapping run of its key, it is deleted, so the key keeps one FINISHED run."""
+    run = mlflow.start_run(run_id=claim.run_id)
     try:
-        yield run
+        with claim.heartbeat():
+            yield run
     except BaseException as err:
         status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         log.error("%s %s: %s: %s (run %s)", status, run_name, type(err).__name__, err, run.info.run_id)
@@ -73,7 +74,13 @@ def job_run(uri: str, exp_id: str, run_name: str, tags: dict[str, str], parent_r
         finally:
             mlflow.end_run(status)
         raise
-    mlflow.end_run("FINISHED")
+    lost = claim.lost_to()
+    mlflow.end_run("FINISHED" if lost is None else "KILLED")
+    if lost:
+        reason, duplicate = lost
+        log.warning("%s: not recorded FINISHED, %s", run_name, reason)
+        if duplicate:
+            claim.client.delete_run(claim.run_id)
 
 
 def tracking_uri(configured: str | None) -> str:
