@@ -82,6 +82,17 @@ def holder_gone(run, me: str, stale_s: float) -> str | None:
     return None
 
 
+def end_if_gone(client: MlflowClient, run, me: str, stale_s: float) -> str | None:
+    """Ends a RUNNING run KILLED, with the reason, when its worker is gone."""
+    reason = holder_gone(run, me, stale_s)
+    if reason:
+        log.warning("run %s (%s) was left RUNNING: %s; ending it KILLED", run.info.run_id,
+                    run.data.tags.get("mlflow.runName", "?"), reason)
+        client.set_tag(run.info.run_id, "prunebench.error", f"ended KILLED by {me}: {reason}")
+        client.set_terminated(run.info.run_id, "KILLED")
+    return reason
+
+
 def _order(run) -> tuple[int, str]:
     return run.info.start_time, run.info.run_id
 
@@ -148,15 +159,11 @@ def acquire(uri: str, exp_id: str, key: str, run_name: str, tags: dict[str, str]
             return None
         live = []
         for other in (r for r in runs if r.info.status == "RUNNING"):
-            reason = holder_gone(other, me, settings.stale_s)
-            if reason is None:
+            if not end_if_gone(client, other, me, settings.stale_s):
                 live.append(other)
-                continue
-            log.warning("taking over run key %s from run %s: %s", key, other.info.run_id, reason)
-            client.set_tag(other.info.run_id, "prunebench.error", f"claim taken over by {me}: {reason}")
-            client.set_terminated(other.info.run_id, "KILLED")
         if not live:
-            attempt = 1 + sum(r.info.status in ("FAILED", "KILLED") for r in runs)
+            # every earlier run of the key that did not finish (the RUNNING ones were just taken over)
+            attempt = 1 + sum(r.info.status != "FINISHED" for r in runs)
             run = client.create_run(exp_id, run_name=run_name, tags={
                 **tags, WORKER_TAG: me, HEARTBEAT_TAG: f"{time.time():.0f}", ATTEMPT_TAG: str(attempt)})
             claim = Claim(client, exp_id, key, run.info.run_id, settings.heartbeat_s)
