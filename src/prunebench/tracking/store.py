@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sqlite3
 import subprocess
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from filelock import FileLock
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -32,8 +35,25 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+@functools.cache
+def prepare_sqlite(uri: str) -> None:
+    """MLflow creates and migrates a fresh SQLite file when a process first opens it, and parallel
+    first opens race ("duplicate column name"): they take turns, under a file lock beside the store.
+    WAL mode (kept in the file) lets readers (searches, reports, heartbeats) and a writer overlap;
+    writers then wait for each other under MLflow's busy timeout instead of failing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        MlflowClient(uri).search_experiments(max_results=1)
+        with sqlite3.connect(path, timeout=60) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+
+
 def experiment_id(uri: str, name: str) -> str:
     """Create-or-get that tolerates a parallel job creating the same experiment first."""
+    prepare_sqlite(uri)
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(name)
