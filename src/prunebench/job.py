@@ -11,6 +11,7 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.bench import memory
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.models.cache import get_model
 from prunebench.tracking import claim, store
@@ -122,6 +123,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     metrics and the names already logged (each task's, as soon as it finished)."""
     from prunebench.pruners.base import parameter_counts
 
+    memory.reset_peaks()
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
@@ -162,4 +164,5 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         bench_metrics, bench_tags = benchmark(cfg, loaded, dense, sum(routed) / len(routed) if routed else None)
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
+    metrics.update(memory.peaks())
     return metrics, logged

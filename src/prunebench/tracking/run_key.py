@@ -23,6 +23,7 @@ def identity(cfg: DictConfig) -> dict:
     for key in RUNTIME_KEYS:
         data.pop(key, None)
     data.get("model", {}).pop("device", None)
+    data.get("model", {}).pop("device_map", None)
     data.get("eval", {}).pop("batch_tokens", None)
     task = data.get("task", {})
     # only the protocol that runs decides the numbers: OpenCompass's versions leave lm-eval runs alone
