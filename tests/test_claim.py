@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import TINY_MC
 from prunebench.tracking import claim
+from prunebench.tracking.store import prepare_sqlite
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 JOB = [*TINY_MC, "pruner=none", "tracking.claim.heartbeat_s=0.2"]
@@ -32,6 +33,7 @@ def worker(*overrides: str, env: dict[str, str] | None = None) -> subprocess.Pop
 
 
 def key_runs(uri: str):
+    prepare_sqlite(uri)  # as prunebench's processes do: a fresh file's first opens must take turns
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("prunebench")
     return [] if exp is None else client.search_runs([exp.experiment_id])

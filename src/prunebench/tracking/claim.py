@@ -35,8 +35,10 @@ SLURM_ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", 
 
 def worker_id() -> str:
     """A SLURM job keeps its id when it is requeued, so a claim under this job's id is an earlier,
-    dead attempt of this very job."""
-    job = os.environ.get("SLURM_JOB_ID")
+    dead attempt of this very job. An array task is named as squeue and scancel name it (1234_5):
+    its own job number means nothing to them."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
     return f"slurm:{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
 
 
