@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 
 import hydra
@@ -26,6 +27,8 @@ def app(cfg: DictConfig) -> None:
     from prunebench.validate import ConfigError
 
     quiet_libraries()
+    # again inside the job: submitit (hydra/launcher=submitit_*) sets SIGTERM aside when a job starts
+    end_runs_on_sigterm()
     overrides = list(HydraConfig.get().overrides.task)
     if cfg.get("plan"):  # one job's plan (a sweep's is its callback's, before any job launches)
         print(format_plan(plan(overrides, {}, lambda _: cfg), " ".join(overrides)))
@@ -61,7 +64,14 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r"The `srun` command is available")
 
 
+def end_runs_on_sigterm() -> None:
+    """SIGTERM (scancel, a requeue, a preemption, a killed make) unwinds like Ctrl-C: the open run
+    ends KILLED at once instead of waiting RUNNING for SIGKILL. A job has nothing to checkpoint: its
+    next attempt starts over, which is why submitit's choice of ignoring SIGTERM is undone here."""
+    if threading.current_thread() is threading.main_thread():  # the only thread a handler can be set from
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main() -> None:
-    # SIGTERM (a cluster's scancel, a killed make) unwinds like Ctrl-C: open runs end KILLED
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    end_runs_on_sigterm()
     app()

@@ -11,9 +11,11 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.bench import memory
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
+from prunebench.tracking import claim, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
@@ -78,8 +80,15 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
+    tags = job_tags(cfg, key, list(overrides))
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    held = claim.acquire(uri, exp_id, key, run_name, tags, cfg.tracking.claim, cfg.tracking.skip_existing)
+    if held is None:
+        log.info("skipping: another worker FINISHED run key %s while this job waited for it", key)
+        return None
     start = time.perf_counter()
-    with store.job_run(exp_id, run_name, job_tags(cfg, key, list(overrides)), parent_run_id) as active:
+    with store.job_run(held, run_name) as active:
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         metrics, logged = execute(cfg, tasks, dense)
@@ -145,6 +154,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     metrics and the names already logged (each task's, as soon as it finished)."""
     from prunebench.models.introspection import count_parameters
 
+    memory.reset_peaks()
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
@@ -184,4 +194,5 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         bench_metrics, bench_tags = benchmark(cfg, loaded, dense, sum(routed) / len(routed) if routed else None)
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
+    metrics.update(memory.peaks())
     return metrics, logged

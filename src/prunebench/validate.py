@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 from pathlib import Path
 
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
 from prunebench.tasks.build import build_tasks
+
+
+# accelerate's named placements (a {module: device} mapping is accepted as it is)
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(model_cfg: DictConfig) -> None:
+    device_map = model_cfg.get("device_map")
+    if device_map is None:
+        return
+    if not isinstance(device_map, DictConfig) and device_map not in DEVICE_MAPS:
+        raise ConfigError(f"model.device_map={device_map!r}: use one of {list(DEVICE_MAPS)}, a mapping "
+                          f"{{module: device}}, or null (the whole model on model.device)")
+    loader = get_method(model_cfg._target_)
+    if "device_map" not in inspect.signature(loader).parameters:
+        raise ConfigError(f"model={model_cfg.name!r} is not loaded through Hugging Face's from_pretrained "
+                          f"({model_cfg._target_}), so model.device_map cannot place it; use model.device")
+    if importlib.util.find_spec("accelerate") is None:
+        raise ConfigError("model.device_map needs the accelerate package (pip install accelerate)")
 
 
 def validate(cfg: DictConfig) -> dict:
@@ -31,6 +52,7 @@ def validate(cfg: DictConfig) -> dict:
     if cfg.model.family not in pruner_cls.families:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
+    check_device_map(cfg.model)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
         if float(ratio) > 0:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
+from prunebench.models.loaded import LoadedModel, model_max_length, placed, resolve_dtype
 
 
 def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: str = "float32",
                    device: str = "cpu", max_length: int | None = None, revision: str | None = None,
-                   attn_implementation: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
-    """`trust_remote_code` runs the checkpoint's own Python: off unless the user sets it (a job tag says so)."""
+                   attn_implementation: str | None = None, trust_remote_code: bool = False,
+                   device_map: str | dict | None = None) -> LoadedModel:
+    """`trust_remote_code` runs the checkpoint's own Python: off unless the user sets it (a job tag says so).
+    `device_map` (accelerate's: "auto" spreads a model too large for one GPU) replaces `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    model = placed(AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs), device, device_map)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
                        max_length=model_max_length(model.config, tokenizer, max_length))

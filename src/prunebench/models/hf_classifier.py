@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
+from prunebench.models.loaded import LoadedModel, model_max_length, placed, resolve_dtype
 
 
 def _loaded(model, tokenizer, name: str, family: str, max_length: int | None) -> LoadedModel:
@@ -17,14 +17,17 @@ def _loaded(model, tokenizer, name: str, family: str, max_length: int | None) ->
 
 def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", dtype: str = "float32",
                              device: str = "cpu", max_length: int | None = None,
-                             revision: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
-    """`trust_remote_code` runs the checkpoint's own Python: off unless the user sets it (a job tag says so)."""
+                             revision: str | None = None, trust_remote_code: bool = False,
+                             device_map: str | dict | None = None) -> LoadedModel:
+    """`trust_remote_code` runs the checkpoint's own Python: off unless the user sets it (a job tag says so).
+    `device_map` (accelerate's) replaces `device`."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision,
-                                                               trust_remote_code=trust_remote_code)
+                                                               trust_remote_code=trust_remote_code,
+                                                               device_map=device_map)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    return _loaded(model.to(device).eval(), tokenizer, name, family, max_length)
+    return _loaded(placed(model, device, device_map), tokenizer, name, family, max_length)
 
 
 def load_tiny_classifier(*, name: str, config: dict, labels: list[str], family: str = "encoder", seed: int = 0,

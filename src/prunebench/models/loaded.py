@@ -81,6 +81,11 @@ class LoadedModel:
         return out if isinstance(out, torch.Tensor) else out.logits
 
 
+def placed(model: torch.nn.Module, device: str, device_map: str | dict | None) -> torch.nn.Module:
+    """In eval mode, on `device` unless accelerate already placed it by `device_map`."""
+    return (model if device_map else model.to(device)).eval()
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -14,7 +14,7 @@ from prunebench.cache import content_key
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
 RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data")
 # model-config keys that never change a job's numbers
-MODEL_RUNTIME_KEYS = ("device", *PLANNING_KEYS)
+MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sqlite3
 import subprocess
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from filelock import FileLock
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -32,8 +35,25 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+@functools.cache
+def prepare_sqlite(uri: str) -> None:
+    """MLflow creates and migrates a fresh SQLite file when a process first opens it, and parallel
+    first opens race ("duplicate column name"): they take turns, under a file lock beside the store.
+    WAL mode (kept in the file) lets readers (searches, reports, heartbeats) and a writer overlap;
+    writers then wait for each other under MLflow's busy timeout instead of failing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        MlflowClient(uri).search_experiments(max_results=1)
+        with sqlite3.connect(path, timeout=60) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+
+
 def experiment_id(uri: str, name: str) -> str:
     """Create-or-get that tolerates a parallel job creating the same experiment first."""
+    prepare_sqlite(uri)
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(name)
@@ -56,14 +76,15 @@ def finished_run(uri: str, exp_id: str, key: str):
 
 
 @contextmanager
-def job_run(exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str | None = None):
-    """Yields the active run; an exception ends it FAILED (KILLED on interrupt) with the traceback
-    logged, so no run is ever left RUNNING."""
-    if parent_run_id:
-        tags = {**tags, "mlflow.parentRunId": parent_run_id}
-    run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags)
+def job_run(claim, run_name: str):
+    """Yields the claimed run (`claim.Claim`), active; an exception ends it FAILED (KILLED on
+    interrupt) with the traceback logged, so no run is ever left RUNNING. A run whose claim was lost
+    meanwhile (`claim.lost_to`) does not end FINISHED: taken over, it stays KILLED; beaten by an
+    overlapping run of its key, it is deleted, so the key keeps one FINISHED run."""
+    run = mlflow.start_run(run_id=claim.run_id)
     try:
-        yield run
+        with claim.heartbeat():
+            yield run
     except BaseException as err:
         status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         log.error("%s %s: %s: %s (run %s)", status, run_name, type(err).__name__, err, run.info.run_id)
@@ -73,7 +94,13 @@ def job_run(exp_id: str, run_name: str, tags: dict[str, str], parent_run_id: str
         finally:
             mlflow.end_run(status)
         raise
-    mlflow.end_run("FINISHED")
+    lost = claim.lost_to()
+    mlflow.end_run("FINISHED" if lost is None else "KILLED")
+    if lost:
+        reason, duplicate = lost
+        log.warning("%s: not recorded FINISHED, %s", run_name, reason)
+        if duplicate:
+            claim.client.delete_run(claim.run_id)
 
 
 def tracking_uri(configured: str | None) -> str:

@@ -17,7 +17,7 @@ from hydra.utils import get_method
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from prunebench.tracking import store
+from prunebench.tracking import claim, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
@@ -40,6 +40,7 @@ class SweepRunCallback(Callback):
         uri = store.tracking_uri(config.tracking.uri)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
+        self.stale_s = config.tracking.claim.stale_s
         exp_id = store.experiment_id(uri, self.experiment)
         overrides = " ".join(config.hydra.overrides.task)
         run = MlflowClient(uri).create_run(exp_id, run_name=f"sweep {self.sweep_dir.name}", tags={
@@ -63,7 +64,11 @@ class SweepRunCallback(Callback):
         client = MlflowClient(self.uri)
         children = client.search_runs([client.get_run(run_id).info.experiment_id],
                                       filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
-        counts = {s: sum(c.info.status == s for c in children) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING")}
+        # a job killed outright (SIGKILL, scancel) could not end its own run
+        ended = {c.info.run_id for c in children if c.info.status == "RUNNING"
+                 and claim.end_if_gone(client, c, claim.worker_id(), self.stale_s)}
+        statuses = ["KILLED" if c.info.run_id in ended else c.info.status for c in children]
+        counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING")}
         for status, n in counts.items():
             client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
         try:

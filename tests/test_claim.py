@@ -1,0 +1,127 @@
+"""Run-key claims between real worker processes: one runs a key, a second waits for it, a dead or
+silent holder is taken over, and a key ends with one FINISHED run and nothing left RUNNING.
+
+The workers are paused (SIGSTOP) and killed (SIGKILL) at the moment their claim is in the store, so
+each interleaving is forced, not hoped for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from mlflow.tracking import MlflowClient
+
+from conftest import TINY_MC
+from prunebench.tracking import claim
+from prunebench.tracking.store import prepare_sqlite
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+JOB = [*TINY_MC, "pruner=none", "tracking.claim.heartbeat_s=0.2"]
+HANG_GUARD_S = 300  # only a broken build gets here: the workers below take seconds
+
+
+def worker(*overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "prunebench", *JOB, *overrides], env=environ, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def key_runs(uri: str):
+    prepare_sqlite(uri)  # as prunebench's processes do: a fresh file's first opens must take turns
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("prunebench")
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def wait_for_claim(uri: str) -> str:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        running = [r for r in key_runs(uri) if r.info.status == "RUNNING"]
+        if running:
+            return running[0].info.run_id
+        time.sleep(0.2)
+    raise AssertionError("the first worker never claimed its key")
+
+
+def read_until(proc: subprocess.Popen, text: str) -> list[str]:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"worker exited (rc {proc.wait()}) without logging {text!r}:\n{''.join(lines)[-4000:]}")
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def statuses(uri: str) -> list[str]:
+    return sorted(r.info.status for r in key_runs(uri))
+
+
+def test_a_second_worker_waits_for_the_live_holder_then_skips(store):
+    first = worker()
+    wait_for_claim(store)
+    os.kill(first.pid, signal.SIGSTOP)  # holds the claim, heartbeat fresh enough (stale_s is 300)
+    second = worker()
+    try:
+        read_until(second, "waiting for it")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    finish(first)
+    assert "another worker FINISHED run key" in finish(second)
+    assert statuses(store) == ["FINISHED"]
+
+
+def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store):
+    slurm = {"SLURM_JOB_ID": "4242"}
+    first = worker(env=slurm)
+    killed = wait_for_claim(store)
+    first.kill()
+    first.wait()
+    finish(worker(env=slurm))  # stale_s is 300: only the same job id can tell the claim is dead
+    runs = {r.info.run_id: r for r in key_runs(store)}
+    assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "KILLED"]
+    assert "an earlier attempt of this job (slurm:4242)" in runs[killed].data.tags["prunebench.error"]
+    (new,) = [r for r in runs.values() if r.info.status == "FINISHED"]
+    assert new.data.tags[claim.ATTEMPT_TAG] == "2"
+
+
+def test_a_silent_holder_is_taken_over_and_does_not_finish_when_it_wakes(store):
+    first = worker()
+    silent = wait_for_claim(store)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = worker("tracking.claim.stale_s=1")
+        finish(second)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert "not recorded FINISHED, the claim was taken over" in finish(first)
+    runs = {r.info.run_id: r for r in key_runs(store)}
+    assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "KILLED"]
+    assert runs[silent].info.status == "KILLED"
+    assert "no heartbeat for" in runs[silent].data.tags["prunebench.error"]
+
+
+def fake_run(worker_tag: str, beat: float):
+    return SimpleNamespace(data=SimpleNamespace(tags={claim.WORKER_TAG: worker_tag, claim.HEARTBEAT_TAG: str(beat)}),
+                           info=SimpleNamespace(start_time=int(beat * 1000)))
+
+
+def test_holder_gone_knows_dead_local_processes_and_trusts_heartbeats_elsewhere():
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, now = socket.gethostname(), time.time()
+    assert "has exited" in claim.holder_gone(fake_run(f"{host}:{done.stdout.strip()}", now), "me", 300)
+    assert claim.holder_gone(fake_run(f"{host}:{os.getpid()}", now), "me", 300) is None
+    assert claim.holder_gone(fake_run("elsewhere:1", now), "me", 300) is None
+    assert "no heartbeat" in claim.holder_gone(fake_run("elsewhere:1", now - 301), "me", 300)
+    assert "earlier attempt" in claim.holder_gone(fake_run("slurm:7", now), "slurm:7", 300)

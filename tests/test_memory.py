@@ -1,0 +1,74 @@
+"""Where models live and what a job's memory peaks at: the pristine model stays in host memory, a
+device-mapped model goes through accelerate from the loader, and every job logs `memory/peak_*`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.bench import memory
+from prunebench.job import run
+from prunebench.models import cache
+from prunebench.validate import ConfigError, validate
+
+
+def test_the_job_copy_goes_to_model_device_while_the_pristine_model_stays_on_the_host():
+    cfg = compose_cfg(["model=tiny-llama", "model.device=meta"])  # a device without memory stands in for a GPU
+    first, second = cache.get_model(cfg.model), cache.get_model(cfg.model)
+    assert first.device.type == second.device.type == "meta"
+    (pristine,) = cache._PRISTINE.values()
+    assert pristine.device.type == "cpu"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """tiny-llama saved as a Hugging Face checkpoint, so the from_pretrained loader reads it."""
+    loaded = cache.get_model(compose_cfg(["model=tiny-llama"]).model)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    loaded.model.save_pretrained(path)
+    loaded.tokenizer.save_pretrained(path)
+    return path
+
+
+def test_device_map_reaches_from_pretrained_and_skips_the_in_process_cache(tiny_checkpoint, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    real, seen = AutoModelForCausalLM.from_pretrained, []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return real(*args, **kwargs)
+
+    # a one-device map sets no hf_device_map, so on a CPU only the call itself shows the placement
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    cfg = compose_cfg(["model=hf_causal", f"model.path={tiny_checkpoint}", "model.device_map=auto"])
+    cache._PRISTINE.clear()
+    loaded = cache.get_model(cfg.model)
+    assert seen == ["auto"] and loaded.device.type == "cpu"
+    assert not cache._PRISTINE
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=tiny-llama", "+model.device_map=auto"], "not loaded through Hugging Face's from_pretrained"),
+    (["model=hf_causal", "model.path=x", "model.device_map=everywhere"], "use one of ['auto'"),
+])
+def test_a_device_map_that_cannot_work_fails_validation(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        validate(compose_cfg(TINY_MC[1:] + overrides))
+
+
+def test_host_peak_is_reset_per_job_and_sees_an_allocation():
+    memory.reset_peaks()
+    before = memory.peaks()["memory/peak_host_gb"]
+    block = torch.ones(300_000_000, dtype=torch.int8)  # 0.3 GB, written so it is resident
+    del block
+    assert memory.peaks()["memory/peak_host_gb"] >= before + 0.25  # the pages counted may differ a little
+    memory.reset_peaks()
+    assert memory.peaks()["memory/peak_host_gb"] < before + 0.25
+
+
+def test_a_job_logs_its_memory_peaks(store):
+    metrics = run(compose_cfg(TINY_MC + ["pruner=none"]))
+    assert metrics["memory/peak_host_gb"] > 0
+    assert ("memory/peak_accelerator_gb" in metrics) == torch.cuda.is_available()
