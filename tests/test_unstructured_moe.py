@@ -10,7 +10,7 @@ from conftest import compose_cfg
 from prunebench.models.cache import get_model
 from prunebench.pruners.activations import input_square_sums
 from prunebench.models.experts import fused_experts
-from prunebench.pruners.matrices import eager_experts
+from prunebench.pruners.matrices import eager_experts, input_hooks
 from prunebench.pruners.unstructured import MagnitudePruner, RandomPruner, SparseGPTPruner, WandaPruner
 from test_unstructured import calib
 
@@ -51,7 +51,6 @@ def test_wanda_sees_only_the_tokens_routed_to_each_expert(name):
     def count(name_, x):
         counts[name_] = counts.get(name_, 0) + x.shape[0]
 
-    from prunebench.pruners.matrices import input_hooks
     with eager_experts(loaded.model), input_hooks(targets, count), torch.no_grad():
         for row in samples:
             loaded.model(row[None])

@@ -66,24 +66,17 @@ def input_hooks(matrices: dict[str, Matrix], observe):
     expert's slice of its fused parameter (its routed tokens only; run under `eager_experts`)."""
     handles = [m.linear.register_forward_pre_hook(lambda mod, args, name=name: observe(name, args[0].flatten(0, -2)))
                for name, m in matrices.items() if m.linear is not None]
-    slices = {}  # (data_ptr of the fused parameter, expert) -> name
-    for name, m in matrices.items():
-        if m.fused is not None:
-            slices[(m.fused.data_ptr(), m.expert)] = name
-    starts = {m.fused.data_ptr(): m.fused for m in matrices.values() if m.fused is not None}
+    # each expert slice starts where the view `fused[e]`, which the experts' loop hands F.linear, starts
+    slices = {m.weight.data_ptr(): name for name, m in matrices.items() if m.fused is not None}
     original = torch.nn.functional.linear
 
     def linear(x, weight, bias=None):
-        for start, fused in starts.items():
-            offset = weight.data_ptr() - start
-            if 0 <= offset < fused.numel() * fused.element_size():
-                name = slices.get((start, offset // (fused.stride(0) * fused.element_size())))
-                if name is not None:
-                    observe(name, x.flatten(0, -2))
-                break
+        name = slices.get(weight.data_ptr())
+        if name is not None:
+            observe(name, x.flatten(0, -2))
         return original(x, weight, bias)
 
-    if starts:
+    if slices:
         torch.nn.functional.linear = linear
     try:
         yield
