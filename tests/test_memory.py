@@ -63,6 +63,8 @@ def test_a_device_map_that_cannot_work_fails_validation(overrides, message):
 HOST_PEAK = """
 import torch
 
+from prunebench.bench import memory
+
 memory.reset_peaks()
 before = memory.peaks()["memory/peak_host_gb"]
 block = torch.ones(300_000_000, dtype=torch.int8)  # 0.3 GB, written so it is resident
