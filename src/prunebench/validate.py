@@ -32,6 +32,20 @@ def check_device_map(model_cfg: DictConfig) -> None:
         raise ConfigError("model.device_map needs the accelerate package (pip install accelerate)")
 
 
+def check_tower(cfg: DictConfig, pruner_cls) -> None:
+    """pruner.tower names a part of a vision-language model; the pruner must be able to act on it."""
+    tower = cfg.pruner.get("tower", "language")
+    if tower == "language":
+        return
+    if cfg.model.family != "vlm":
+        raise ConfigError(f"pruner.tower={tower!r} picks a part of a vision-language model, but model="
+                          f"{cfg.model.name!r} is family {cfg.model.family!r}; leave pruner.tower=language")
+    if tower not in pruner_cls.towers:
+        raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune the {tower} tower of model={cfg.model.name!r}; "
+                          f"it prunes: {sorted(pruner_cls.towers)} (vision-tower pruning is head pruning: "
+                          f"pruner=heads_his|heads_entropy|heads_l2|heads_random|hies)")
+
+
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
     ratio = cfg.sparsity
@@ -52,6 +66,7 @@ def validate(cfg: DictConfig) -> dict:
     if cfg.model.family not in pruner_cls.families:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
+    check_tower(cfg, pruner_cls)
     check_device_map(cfg.model)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
