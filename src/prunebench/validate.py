@@ -10,6 +10,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
+from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 
 
@@ -37,6 +38,8 @@ def check_tower(cfg: DictConfig, pruner_cls) -> None:
     tower = cfg.pruner.get("tower", "language")
     if tower == "language":
         return
+    if tower not in TOWERS:
+        raise ConfigError(f"pruner.tower={tower!r}; valid: {list(TOWERS)}")
     if cfg.model.family != "vlm":
         raise ConfigError(f"pruner.tower={tower!r} picks a part of a vision-language model, but model="
                           f"{cfg.model.name!r} is family {cfg.model.family!r}; leave pruner.tower=language")
@@ -103,6 +106,10 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(str(err)) from err
         except Exception as err:
             raise ConfigError(f"calib={cfg.calib.name!r} is misconfigured: {err}") from err
+        if cfg.pruner.get("tower", "language") != "language" and not getattr(getattr(calib, "task", None),
+                                                                             "doc_to_image", None):
+            raise ConfigError(f"pruner.tower={cfg.pruner.tower} scores the vision tower's heads on images, but "
+                              f"calib={cfg.calib.name!r} has none; use calib=image_text (a VQA task's unevaluated split)")
         shared = calib.evaluated_overlap(tasks)
         if shared and not calib.allow_eval_split:
             raise ConfigError(f"calib={cfg.calib.name!r} reads data that is evaluated ({shared}); calibrate on "

@@ -53,6 +53,8 @@ def slot_plan(n_heads: int, n_kv_heads: int, pruned: set[int]) -> tuple[list[int
 class Heads:
     """The heads of one attention module. Subclasses say where the projections live."""
 
+    reads_text = True  # its queries are the input's token positions (text, or a ViT's patches alone)
+
     def __init__(self, layer: int, module: nn.Module):
         self.layer, self.module = layer, module
 
@@ -151,6 +153,7 @@ class VisionHeads(DecoderHeads):
     hidden size / head count, so a sliced tower's config cannot state it and stays as it was."""
 
     config_states_heads = False
+    reads_text = False  # its queries are image patches
 
     @property
     def n_kv_heads(self) -> int:

@@ -63,7 +63,9 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
     current = {}
 
     def sink(layer: int, probs: torch.Tensor) -> None:
-        total, count = normalised_entropy(probs, current.get("attention_mask"))
+        # a vision tower's queries are image patches, which the text's padding mask does not describe
+        mask = current.get("attention_mask") if heads[layer].reads_text else None
+        total, count = normalised_entropy(probs, mask)
         ent_sum[layer] += total.cpu()
         ent_n[layer] += count.cpu()
 
@@ -77,7 +79,9 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
         for batch in batches:
             current = batch
             if his:
-                grads = torch.autograd.grad(loss_fn(model, batch), gates)
+                # a head whose output the loss never sees (LLaVA reads its vision tower's
+                # second-to-last layer, so the last layer's heads) has importance 0
+                grads = torch.autograd.grad(loss_fn(model, batch), gates, allow_unused=True, materialize_grads=True)
                 for acc, grad in zip(his_sum, grads):
                     acc += grad.detach().abs().cpu()
             else:

@@ -8,6 +8,7 @@ batched together and the group reports a size-weighted (lm-eval) or plain (OpenC
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,24 @@ class GenerateUntilTask:
 
     def images(self, doc: dict) -> tuple:
         return (self.image_path(doc),) if self.doc_to_image else ()
+
+    def labelled_batches(self, loaded, n_samples: int, seed: int, batch_size: int) -> list[dict]:
+        """Image+text calibration (calib=labelled on a split that is not evaluated): `n_samples`
+        documents drawn by `seed`, each prompt with its image and reference answer, labelled on the
+        answer only (the model adapter's `labelled_inputs`)."""
+        docs = self.docs()
+        picked = [docs[i] for i in random.Random(seed).sample(range(len(docs)), min(n_samples, len(docs)))]
+        rows = [(self.prompt(doc), str(resolve(self.doc_to_target, doc)), list(self.images(doc))) for doc in picked]
+        unanswered = [i for i, (_, answer, _) in enumerate(rows) if not answer.strip()]
+        if unanswered:
+            raise ValueError(f"task {self.name}: {len(unanswered)} calibration document(s) have no reference answer "
+                             f"(doc_to_target={self.doc_to_target!r}); calibrate on a split with answers")
+        batches = []
+        for start in range(0, len(rows), batch_size):
+            prompts, answers, images = map(list, zip(*rows[start:start + batch_size]))
+            batch = loaded.labelled_inputs(prompts, answers, images)
+            batches.append({key: value.to(loaded.device) for key, value in batch.items()})
+        return batches
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
         """(the filtered answer of each metric, each metric's value)."""
