@@ -39,11 +39,11 @@ def tower_parts(model: torch.nn.Module) -> dict[str, tuple[str, torch.nn.Module]
 
 def tower_modules(model: torch.nn.Module, tower: str = "language") -> list[tuple[str, torch.nn.Module]]:
     """The (name, module) roots a pruner with `tower` searches: the language model, the vision
-    tower, or both (vision first, its forward order). The projector is in none of them."""
+    tower, or every tower there is (vision first, its forward order). The projector is in none."""
     if tower not in TOWERS:
         raise ValueError(f"tower={tower!r}; valid: {list(TOWERS)}")
     parts = tower_parts(model)
-    wanted = ("vision", "language") if tower == "all" else (tower,)
+    wanted = [t for t in ("vision", "language") if t in parts] if tower == "all" else [tower]
     missing = [t for t in wanted if t not in parts]
     if missing:
         raise ValueError(f"{type(model).__name__} has no {missing[0]} tower prunebench can find "
