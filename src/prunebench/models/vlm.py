@@ -13,7 +13,10 @@ from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtyp
 
 
 def open_image(image):
-    """A path (opened with PIL, which reads pixels and never unpickles) or an image already opened."""
+    """A path (opened with PIL, which reads pixels and never unpickles), a reference that opens
+    itself (a zip member, a dataset row: tasks/images.py), or an image already opened."""
+    if hasattr(image, "open_image"):
+        return image.open_image()
     if isinstance(image, (str, Path)):
         from PIL import Image
 
