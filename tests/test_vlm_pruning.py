@@ -163,6 +163,35 @@ def test_unsupported_tower_combinations_fail_validation(overrides, message, monk
         validate(compose_cfg(["model=tiny-llava", "task=easy_vqa", *overrides]))
 
 
-def test_a_tower_on_a_text_model_fails_validation():
+def test_a_tower_or_image_calibration_on_a_text_model_fails_validation():
     with pytest.raises(ConfigError, match="vision-language model.*family 'causal_lm'"):
         validate(compose_cfg(["model=tiny-llama", "pruner=heads_l2", "pruner.tower=vision"]))
+    with pytest.raises(ConfigError, match="calibrates on images, which model='tiny-llama'"):
+        validate(compose_cfg(["model=tiny-llama", "pruner=heads_his", *IMAGE_TEXT]))
+
+
+def test_tower_language_keeps_the_run_keys_stored_before_it_existed():
+    from omegaconf import OmegaConf
+
+    from prunebench.tracking.run_key import run_key
+
+    cfg = compose_cfg(["model=tiny-llava", "task=easy_vqa", "pruner=magnitude"])
+    older = copy.deepcopy(cfg)
+    OmegaConf.set_struct(older, False)
+    del older.pruner["tower"]
+    assert run_key(cfg) == run_key(older)
+    assert run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa", "pruner=heads_l2", "pruner.tower=vision"])) != \
+        run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa", "pruner=heads_l2"]))
+
+
+def test_a_job_prunes_both_towers_on_image_text_calibration(store):
+    import mlflow
+
+    from prunebench.job import run
+
+    metrics = run(compose_cfg(["model=tiny-llava", "task=easy_vqa", "limit=2", "pruner=heads_his", "pruner.tower=all",
+                               "sparsity=0.25", *IMAGE_TEXT, "trainer.enable_progress_bar=false"]))
+    assert metrics["sparsity/actual"] == 0.25 and 0 < metrics["sparsity/params"] < 0.25
+    assert 0.0 <= metrics["easy_vqa/exact_match"] <= 1.0
+    finished = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert {r.info.status for r in finished} == {"FINISHED"} and len(finished) == 2  # the dense baseline first

@@ -106,8 +106,11 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(str(err)) from err
         except Exception as err:
             raise ConfigError(f"calib={cfg.calib.name!r} is misconfigured: {err}") from err
-        if cfg.pruner.get("tower", "language") != "language" and not getattr(getattr(calib, "task", None),
-                                                                             "doc_to_image", None):
+        with_images = bool(getattr(getattr(calib, "task", None), "doc_to_image", None))
+        if with_images and cfg.model.family != "vlm":
+            raise ConfigError(f"calib={cfg.calib.name!r} calibrates on images, which model={cfg.model.name!r} "
+                              f"(family {cfg.model.family!r}) cannot read; use a text calibration (calib=wikitext2, file, ...)")
+        if cfg.pruner.get("tower", "language") != "language" and not with_images:
             raise ConfigError(f"pruner.tower={cfg.pruner.tower} scores the vision tower's heads on images, but "
                               f"calib={cfg.calib.name!r} has none; use calib=image_text (a VQA task's unevaluated split)")
         shared = calib.evaluated_overlap(tasks)
