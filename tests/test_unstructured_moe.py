@@ -60,7 +60,7 @@ def test_wanda_sees_only_the_tokens_routed_to_each_expert(name):
         assert sum(counts[n] for n in routed) == k * tokens  # each token reaches k experts, no more
         down = [n for n in counts if f"layers.{layer}.mlp.experts.down_proj." in n]
         assert sorted(counts[n] for n in down) == sorted(counts[n] for n in routed)
-    sums = input_square_sums(loaded.model, targets, samples)
+    sums = input_square_sums(loaded.model, targets, [{"input_ids": row[None]} for row in samples])
     assert set(sums) == set(targets)
 
 

@@ -112,7 +112,7 @@ def test_hf_vlm_loads_a_saved_llava_folder(tmp_path, tiny_llava):
 
 
 def test_magnitude_prunes_the_language_tower_only(tiny_llava):
-    """Until pruner.scope lands, a vlm is pruned in its language model: tower and projector untouched."""
+    """pruner.tower=language (the default): the language model only, vision tower and projector untouched."""
     import copy
 
     from hydra.utils import instantiate

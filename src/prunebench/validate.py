@@ -10,6 +10,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
+from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 
 
@@ -32,6 +33,22 @@ def check_device_map(model_cfg: DictConfig) -> None:
         raise ConfigError("model.device_map needs the accelerate package (pip install accelerate)")
 
 
+def check_tower(cfg: DictConfig, pruner_cls) -> None:
+    """pruner.tower names a part of a vision-language model; the pruner must be able to act on it."""
+    tower = cfg.pruner.get("tower", "language")
+    if tower == "language":
+        return
+    if tower not in TOWERS:
+        raise ConfigError(f"pruner.tower={tower!r}; valid: {list(TOWERS)}")
+    if cfg.model.family != "vlm":
+        raise ConfigError(f"pruner.tower={tower!r} picks a part of a vision-language model, but model="
+                          f"{cfg.model.name!r} is family {cfg.model.family!r}; leave pruner.tower=language")
+    if tower not in pruner_cls.towers:
+        raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune the {tower} tower of model={cfg.model.name!r}; "
+                          f"it prunes: {sorted(pruner_cls.towers)} (vision-tower pruning is head pruning: "
+                          f"pruner=heads_his|heads_entropy|heads_l2|heads_random|hies)")
+
+
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
     ratio = cfg.sparsity
@@ -52,6 +69,7 @@ def validate(cfg: DictConfig) -> dict:
     if cfg.model.family not in pruner_cls.families:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
+    check_tower(cfg, pruner_cls)
     check_device_map(cfg.model)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
@@ -88,6 +106,13 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(str(err)) from err
         except Exception as err:
             raise ConfigError(f"calib={cfg.calib.name!r} is misconfigured: {err}") from err
+        with_images = bool(getattr(getattr(calib, "task", None), "doc_to_image", None))
+        if with_images and cfg.model.family != "vlm":
+            raise ConfigError(f"calib={cfg.calib.name!r} calibrates on images, which model={cfg.model.name!r} "
+                              f"(family {cfg.model.family!r}) cannot read; use a text calibration (calib=wikitext2, file, ...)")
+        if cfg.pruner.get("tower", "language") != "language" and not with_images:
+            raise ConfigError(f"pruner.tower={cfg.pruner.tower} scores the vision tower's heads on images, but "
+                              f"calib={cfg.calib.name!r} has none; use calib=image_text (a VQA task's unevaluated split)")
         shared = calib.evaluated_overlap(tasks)
         if shared and not calib.allow_eval_split:
             raise ConfigError(f"calib={cfg.calib.name!r} reads data that is evaluated ({shared}); calibrate on "

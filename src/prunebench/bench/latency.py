@@ -81,20 +81,21 @@ class GreedyDecoder:
             self.graph = None
             return "eager-static-cache"
 
-    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+    def prefill(self, prompt: torch.Tensor, **inputs) -> torch.Tensor:
+        """`inputs`: what else the prompt's forward takes (a vision-language model's pixel_values)."""
         self.cache.reset()
         positions = torch.arange(prompt.shape[1], device=self.device)
         logits = self.model(input_ids=prompt, cache=self.cache, cache_position=positions, use_cache=True,
-                            logits_to_keep=1).logits
+                            logits_to_keep=1, **inputs).logits
         return logits[:, -1].argmax(-1)
 
     @torch.inference_mode()
-    def generate(self, prompt: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    def generate(self, prompt: torch.Tensor, **inputs) -> tuple[torch.Tensor, float, float]:
         """(tokens [batch, new_tokens], total seconds, prefill seconds); never stops early."""
         synchronize(self.device)
         start = time.perf_counter()
         out = torch.empty((prompt.shape[0], self.new_tokens), dtype=torch.long, device=self.device)
-        out[:, 0] = self.prefill(prompt)
+        out[:, 0] = self.prefill(prompt, **inputs)
         synchronize(self.device)
         prefill_s = time.perf_counter() - start
         for i in range(1, self.new_tokens):
@@ -130,17 +131,29 @@ class GenerateBenchmark:
     def key(self) -> tuple:
         return (self.prompt_tokens, self.new_tokens, self.batch_size, self.warmup, self.runs, self.cuda_graph)
 
+    def prompt_inputs(self, loaded: LoadedModel) -> dict[str, torch.Tensor]:
+        """The timed prompt: `input_ids` [batch, positions] and anything else its forward takes."""
+        vocab = loaded.model.get_output_embeddings().weight.shape[0]
+        return {"input_ids": torch.randint(0, vocab, (self.batch_size, self.prompt_tokens),
+                                           generator=torch.Generator().manual_seed(self.seed)).to(loaded.device)}
+
+    def read_bytes(self, model: torch.nn.Module, experts_per_token: float | None) -> float:
+        """Bytes one decode step reads (the floor's numerator)."""
+        return weight_bytes_per_token(model, experts_per_token)
+
+    def protocol(self, positions: int) -> str:
+        return f"{positions} in / {self.new_tokens} out / bs {self.batch_size} / {self.warmup} warm-up / {self.runs} timed"
+
     @torch.inference_mode()
     def measure(self, loaded: LoadedModel, experts_per_token: float | None = None
                 ) -> tuple[dict[str, float], dict[str, str]]:
         model, device = loaded.model.eval(), loaded.device
-        vocab = model.get_output_embeddings().weight.shape[0]
-        prompt = torch.randint(0, vocab, (self.batch_size, self.prompt_tokens),
-                               generator=torch.Generator().manual_seed(self.seed)).to(device)
-        decoder = GreedyDecoder(model, self.batch_size, self.prompt_tokens, self.new_tokens, self.cuda_graph)
+        inputs = self.prompt_inputs(loaded)
+        prompt = inputs.pop("input_ids")
+        decoder = GreedyDecoder(model, self.batch_size, prompt.shape[1], self.new_tokens, self.cuda_graph)
         totals, decodes, prefills = [], [], []
         for i in range(self.warmup + self.runs):
-            tokens, total, prefill = decoder.generate(prompt)
+            tokens, total, prefill = decoder.generate(prompt, **inputs)
             if i >= self.warmup:
                 totals.append(total)
                 prefills.append(prefill)
@@ -150,11 +163,10 @@ class GenerateBenchmark:
         decode_s = statistics.median(decodes)
         steps = self.new_tokens - 1  # the first new token comes out of the prefill
         bandwidth = read_bandwidth(device)
-        floor = steps * weight_bytes_per_token(model, experts_per_token) / bandwidth
+        floor = steps * self.read_bytes(model, experts_per_token) / bandwidth
         stats.update({"latency/decode_per_token_s": decode_s / steps, "latency/prefill_s": statistics.median(prefills),
                       "latency/floor_s": floor, "latency/floor_ratio": decode_s / floor,
                       "latency/bandwidth_gbs": bandwidth / 1e9,
                       "latency/tokens_per_s": self.batch_size * self.new_tokens / stats["latency/median_s"]})
-        tags = {**environment_tags(device), "bench.mode": decoder.mode, "bench.protocol":
-                f"{self.prompt_tokens} in / {self.new_tokens} out / bs {self.batch_size} / {self.warmup} warm-up / {self.runs} timed"}
+        tags = {**environment_tags(device), "bench.mode": decoder.mode, "bench.protocol": self.protocol(prompt.shape[1])}
         return stats, tags

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
+from prunebench.models.introspection import tower_config, tower_modules
+
 
 def head_index(heads: list[int], head_dim: int, offset: int = 0) -> torch.Tensor:
     """Row (or column) indices of the given heads in a [n_heads * head_dim] axis."""
@@ -50,6 +52,8 @@ def slot_plan(n_heads: int, n_kv_heads: int, pruned: set[int]) -> tuple[list[int
 
 class Heads:
     """The heads of one attention module. Subclasses say where the projections live."""
+
+    reads_text = True  # its queries are the input's token positions (text, or a ViT's patches alone)
 
     def __init__(self, layer: int, module: nn.Module):
         self.layer, self.module = layer, module
@@ -107,6 +111,8 @@ class Heads:
 class DecoderHeads(Heads):
     """Llama/Gemma/Qwen/Mistral-style attention: q_proj, k_proj, v_proj, o_proj, grouped-query aware."""
 
+    config_states_heads = True  # head_dim and the head counts are the config's, so sync_config can write them
+
     @property
     def head_dim(self) -> int:
         return self.module.head_dim
@@ -139,6 +145,30 @@ class DecoderHeads(Heads):
 
     def probe(self, sink):
         return self.module.register_forward_hook(lambda mod, args, out: sink(self.layer, out[1]))
+
+
+class VisionHeads(DecoderHeads):
+    """CLIP/SigLIP-style vision attention (q_proj, k_proj, v_proj, out_proj, one key/value head per
+    query head), as in a LLaVA vision tower. Its module derives its head size from the config's
+    hidden size / head count, so a sliced tower's config cannot state it and stays as it was."""
+
+    config_states_heads = False
+    reads_text = False  # its queries are image patches
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def out_proj(self) -> nn.Linear:
+        return self.module.out_proj
+
+    def _slice(self, q_kept, kv_kept):
+        m, d = self.module, self.head_dim
+        index = head_index(q_kept, d)
+        m.q_proj, m.k_proj, m.v_proj = (prune_linear_layer(lin, index, dim=0) for lin in (m.q_proj, m.k_proj, m.v_proj))
+        m.out_proj = prune_linear_layer(m.out_proj, index, dim=1)
+        m.num_heads, m.embed_dim = len(q_kept), len(q_kept) * d
 
 
 class BertHeads(Heads):
@@ -217,6 +247,8 @@ def heads_adapter(module: nn.Module) -> type[Heads] | None:
     if (inner is not None and all(linear(inner, p) for p in ("query", "key", "value"))
             and linear(getattr(module, "output", None), "dense") and not getattr(module, "is_cross_attention", False)):
         return BertHeads
+    if all(linear(module, p) for p in ("q_proj", "k_proj", "v_proj", "out_proj")) and hasattr(module, "num_heads"):
+        return VisionHeads
     if linear(module, "qkv") and linear(module, "proj") and all(hasattr(module, a) for a in ("num_heads", "attn_drop")):
         if not isinstance(getattr(module, "norm", nn.Identity()), nn.Identity):
             raise ValueError(f"{type(module).__name__} normalises across heads before its projection "
@@ -225,31 +257,43 @@ def heads_adapter(module: nn.Module) -> type[Heads] | None:
     return None
 
 
-def attention_heads(model: nn.Module) -> list[Heads]:
-    """The model's attention modules in forward order, one `Heads` per layer."""
+def attention_heads(model: nn.Module, tower: str = "language") -> list[Heads]:
+    """The attention modules of `tower` (models/introspection.TOWERS; a model that is not a
+    vision-language model is one tower) in forward order, one `Heads` per layer."""
     found = []
-    for module in model.modules():
-        adapter = heads_adapter(module)
-        if adapter is not None:
-            found.append(adapter(len(found), module))
+    for _, root in tower_modules(model, tower):
+        for module in root.modules():
+            adapter = heads_adapter(module)
+            if adapter is not None:
+                found.append(adapter(len(found), module))
     if not found:
-        raise ValueError(f"{type(model).__name__} has no attention module prunebench can head-prune "
-                         f"(supported: Llama/Gemma/Qwen/Mistral-style q/k/v/o_proj, BERT self-attention, timm ViT)")
+        raise ValueError(f"{type(model).__name__} has no attention module prunebench can head-prune in its "
+                         f"{tower} tower (supported: Llama/Gemma/Qwen/Mistral-style q/k/v/o_proj, CLIP/SigLIP "
+                         f"q/k/v/out_proj, BERT self-attention, timm ViT)")
     return found
 
 
-def sync_config(model: nn.Module, heads: list[Heads]) -> None:
+def sync_config(model: nn.Module, heads: list[Heads], tower: str = "language") -> None:
     """Write the head counts into a decoder's config when every layer has the same ones, so
     `save_pretrained` / `from_pretrained` rebuild the smaller model. Layers with different counts
-    (a global ranking) cannot be expressed by a transformers config, nor can BERT's (it derives the
-    head size from hidden_size / num_attention_heads), so those configs are left as they were."""
-    config = getattr(model, "config", None)
+    (a global ranking) cannot be expressed by a transformers config, nor can BERT's or CLIP's (they
+    derive the head size from hidden_size / num_attention_heads), so those configs are left as they
+    were. A vision-language model's language heads go to its text config."""
+    if tower == "all":
+        for part in ("vision", "language"):
+            sync_config(model, [h for h in heads if in_tower(model, h.module, part)], part)
+        return
+    config = tower_config(model, tower)
     counts = {(h.n_heads, h.n_kv_heads) for h in heads}
-    if config is None or len(counts) != 1 or not all(isinstance(h, DecoderHeads) for h in heads):
+    if config is None or len(counts) != 1 or not all(getattr(h, "config_states_heads", False) for h in heads):
         return
     (n_heads, n_kv), = counts
     config.head_dim = heads[0].head_dim
     config.num_attention_heads, config.num_key_value_heads = n_heads, n_kv
+
+
+def in_tower(model: nn.Module, module: nn.Module, tower: str) -> bool:
+    return any(any(m is module for m in root.modules()) for _, root in tower_modules(model, tower))
 
 
 def _gate_input(gate: torch.Tensor, head_dim: int, module, args):

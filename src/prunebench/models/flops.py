@@ -30,10 +30,25 @@ def dummy_input(loaded: LoadedModel, tokens: int) -> tuple[dict, str, int]:
 @torch.no_grad()
 def forward_flops(loaded: LoadedModel, tokens: int = 128) -> dict[str, float]:
     """FLOPs of one forward pass over `tokens` positions (text, LM head included) divided by
-    `tokens`, or of one image. Values depend on `tokens` through attention, which grows with it."""
-    inputs, name, units = dummy_input(loaded, tokens)
+    `tokens`, or of one image; a vision-language model's positions follow one image's. Values depend on `tokens` through attention, which grows with it."""
     counter = FlopCounterMode(display=False)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with eager_attention(loaded.model, attention_heads(loaded.model)), fake, counter:
+    with eager_attention(loaded.model, attention_heads(loaded.model, "all")), fake, counter:
+        if loaded.family == "vlm":
+            return {"flops/per_token": image_prompt_flops(loaded.model, tokens, counter)}
+        inputs, name, units = dummy_input(loaded, tokens)
         loaded.model(**{key: fake.from_tensor(value) for key, value in inputs.items()})
     return {name: counter.get_total_flops() / units}
+
+
+def image_prompt_flops(model, tokens: int, counter: FlopCounterMode) -> float:
+    """Per position of one image's positions followed by `tokens` of text: the vision tower and
+    projector on one image, then the language model and LM head over all positions, fed as
+    embeddings (LLaVA's forward checks image tokens against features by value, which fake tensors
+    cannot give)."""
+    config = model.config
+    side, device = config.vision_config.image_size, next(model.parameters()).device
+    model.get_image_features(pixel_values=torch.zeros((1, 3, side, side), device=device))
+    positions = int(config.image_seq_length) + tokens
+    model(inputs_embeds=torch.zeros((1, positions, config.text_config.hidden_size), device=device))
+    return counter.get_total_flops() / positions

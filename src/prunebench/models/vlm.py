@@ -7,11 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from prunebench.models.loaded import LoadedModel, model_max_length, resolve_dtype
 
 
 def open_image(image):
-    """A path (opened with PIL, which reads pixels and never unpickles) or an image already opened."""
+    """A path (opened with PIL, which reads pixels and never unpickles), a reference that opens
+    itself (a zip member, a dataset row: tasks/images.py), or an image already opened."""
+    if hasattr(image, "open_image"):
+        return image.open_image()
     if isinstance(image, (str, Path)):
         from PIL import Image
 
@@ -42,6 +47,22 @@ class VisionLanguageModel(LoadedModel):
         self.processor.tokenizer.padding_side = "left"
         inputs = self.processor(images=flat or None, text=texts, return_tensors="pt", padding=True)
         return dict(inputs.to(dtype=self.model.dtype))
+
+    def labelled_inputs(self, prompts: list[str], answers: list[str], images: list[list]) -> dict:
+        """Each prompt in the chat template followed by its answer, as model inputs whose `labels`
+        are the answer's tokens alone (-100 on the prompt, its image and the padding): the LM loss on
+        the answer, what HIS differentiates on image+text calibration. Padding is on the left, so
+        each row's answer is its last tokens; their count is the row's length with the answer
+        minus the prompt's alone (both through the processor, which expands the image tokens)."""
+        texts = [self.chat_prompt(prompt, len(row)) for prompt, row in zip(prompts, images)]
+        inputs = self.multimodal_inputs([f"{text} {answer}" for text, answer in zip(texts, answers)], images)
+        prompt_lengths = [int(self.multimodal_inputs([text], [row])["attention_mask"].sum())
+                          for text, row in zip(texts, images)]
+        labels = torch.full_like(inputs["input_ids"], -100)
+        for i, (full, prompt) in enumerate(zip(inputs["attention_mask"].sum(1).tolist(), prompt_lengths)):
+            if full > prompt:
+                labels[i, -(full - prompt):] = inputs["input_ids"][i, -(full - prompt):]
+        return {**inputs, "labels": labels}
 
 
 def load_vlm(*, path: str, name: str, family: str = "vlm", dtype: str = "float32", device: str = "cpu",

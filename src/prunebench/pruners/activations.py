@@ -1,7 +1,8 @@
 """What pruners observe of calibration data flowing through a causal LM's decoder blocks.
 
-Samples run one at a time (as the SparseGPT and Wanda code do), through `get_decoder()` so the
-LM head, whose vocabulary dwarfs the rest on small models, never runs."""
+Samples run one at a time (as the SparseGPT and Wanda code do), each a batch of model inputs
+(token windows, or a vision-language model's image+text), through the body without the LM head
+(structured.observe), whose vocabulary dwarfs the rest on small models."""
 
 from __future__ import annotations
 
@@ -9,26 +10,26 @@ import torch
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.pruners.matrices import Matrix, input_hooks
+from prunebench.pruners.structured import observe
 
 
 @torch.no_grad()
-def input_square_sums(model, matrices: dict[str, Matrix], samples: torch.Tensor) -> dict[str, torch.Tensor]:
+def input_square_sums(model, matrices: dict[str, Matrix], samples: list[dict]) -> dict[str, torch.Tensor]:
     """sum over calibration tokens of x_j^2 per input feature j of each Linear (Wanda's ||X_j||^2),
     in float64 so long calibration sets do not lose the small features."""
     sums = {name: torch.zeros(lin.in_features, dtype=torch.float64) for name, lin in matrices.items()}
 
-    def observe(name, x):
+    def observe_input(name, x):
         sums[name] += x.double().pow(2).sum(0).cpu()
 
-    decoder, device = model.get_decoder(), next(model.parameters()).device
-    with input_hooks(matrices, observe):
-        for row in samples:
-            decoder(input_ids=row[None].to(device), use_cache=False)
+    with input_hooks(matrices, observe_input):
+        for batch in samples:
+            observe(model, {**batch, "use_cache": False})
     return sums
 
 
 @torch.no_grad()
-def block_calls(model, samples: torch.Tensor) -> tuple[list[torch.Tensor], list[list[tuple]]]:
+def block_calls(model, samples: list[dict]) -> tuple[list[torch.Tensor], list[list[tuple]]]:
     """Each sample's hidden state entering the first block, and the other arguments (masks,
     rotary embeddings, which differ between a model's layer types) the model passes to each block.
 
@@ -47,13 +48,12 @@ def block_calls(model, samples: torch.Tensor) -> tuple[list[torch.Tensor], list[
             return hidden
         return forward
 
-    decoder, device = model.get_decoder(), next(model.parameters()).device
     for index, block in enumerate(blocks):
         block.forward = recorder(index)
     try:
-        for row in samples:
+        for batch in samples:
             calls.append([])
-            decoder(input_ids=row[None].to(device), use_cache=False)
+            observe(model, {**batch, "use_cache": False})
     finally:
         for block in blocks:
             del block.forward
@@ -75,12 +75,12 @@ def input_grams(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor],
              for name, lin in matrices.items()}
     tokens = dict.fromkeys(matrices, 0)
 
-    def observe(name, x):
+    def observe_input(name, x):
         x = x.float()
         grams[name] += (x.T @ x).double()
         tokens[name] += x.shape[0]
 
-    with input_hooks(matrices, observe):
+    with input_hooks(matrices, observe_input):
         for hidden, call in zip(hiddens, calls):
             run_block(block, hidden, call)
     return {name: gram / max(tokens[name], 1) for name, gram in grams.items()}

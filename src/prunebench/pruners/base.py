@@ -4,21 +4,36 @@ from typing import ClassVar
 
 import torch
 
+from prunebench.models.introspection import TOWERS
 from prunebench.models.loaded import LoadedModel
+
+
+def tower_hint(scope) -> str:
+    """`scope` ranks weights or heads; the part of a vision-language model pruned is `tower`."""
+    return (f" (scope is where weights are ranked; a vision-language model's part is pruner.tower={scope})"
+            if scope in TOWERS else "")
 
 
 class Pruner:
     """A scorer plus how its scores become a pruned model.
 
-    `families` says which model families the pruner can apply to; it is read from the class
-    before any model loads, so a mismatch fails fast."""
+    `families` says which model families the pruner can apply to, `towers` which parts of a
+    vision-language model it can act on (`tower`: the language model, the vision tower, or both);
+    both are read from the class before any model loads, so a mismatch fails fast. No pruner acts
+    on a vision-language model's projector."""
 
     families: ClassVar[frozenset[str]] = frozenset()
+    towers: ClassVar[frozenset[str]] = frozenset({"language"})
     needs_calibration: ClassVar[bool] = False
     cacheable: ClassVar[bool] = True
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, tower: str = "language"):
+        if tower not in TOWERS:
+            raise ValueError(f"pruner {name}: tower={tower!r}; valid: {list(TOWERS)}")
+        if tower not in self.towers:
+            raise ValueError(f"pruner {name}: tower={tower!r} is not supported; it prunes the "
+                             f"{' or '.join(sorted(self.towers))} tower (vision-tower pruning is head pruning: heads_*, hies)")
+        self.name, self.tower = name, tower
 
     def check(self, sparsity: float) -> None:
         """Raise ValueError if this pruner cannot produce `sparsity` (called before any model loads)."""

@@ -13,7 +13,9 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from prunebench.models.attention import Heads, attention_heads, eager_attention, head_gates, sync_config
+from prunebench.models.introspection import TOWERS
 from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.base import tower_hint
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, model_loss, observe
 
 SCOPES = ("global", "layer")
@@ -51,17 +53,19 @@ def frozen(model: torch.nn.Module):
 
 
 def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = True, entropy: bool = True,
-                    loss_fn=model_loss) -> dict[str, list[torch.Tensor]]:
-    """Per layer, per head: `his` = mean over batches of |d loss / d gate|, `entropy` = mean
-    normalised attention entropy; both from one pass over the calibration batches."""
-    heads = attention_heads(model)
+                    loss_fn=model_loss, tower: str = "language") -> dict[str, list[torch.Tensor]]:
+    """Per layer, per head of `tower`: `his` = mean over batches of |d loss / d gate|, `entropy` =
+    mean normalised attention entropy; both from one pass over the calibration batches."""
+    heads = attention_heads(model, tower)
     his_sum = [torch.zeros(h.n_heads) for h in heads]
     ent_sum = [torch.zeros(h.n_heads) for h in heads]
     ent_n = [torch.zeros(h.n_heads) for h in heads]
     current = {}
 
     def sink(layer: int, probs: torch.Tensor) -> None:
-        total, count = normalised_entropy(probs, current.get("attention_mask"))
+        # a vision tower's queries are image patches, which the text's padding mask does not describe
+        mask = current.get("attention_mask") if heads[layer].reads_text else None
+        total, count = normalised_entropy(probs, mask)
         ent_sum[layer] += total.cpu()
         ent_n[layer] += count.cpu()
 
@@ -75,7 +79,9 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
         for batch in batches:
             current = batch
             if his:
-                grads = torch.autograd.grad(loss_fn(model, batch), gates)
+                # a head whose output the loss never sees (LLaVA reads its vision tower's
+                # second-to-last layer, so the last layer's heads) has importance 0
+                grads = torch.autograd.grad(loss_fn(model, batch), gates, allow_unused=True, materialize_grads=True)
                 for acc, grad in zip(his_sum, grads):
                     acc += grad.detach().abs().cpu()
             else:
@@ -119,33 +125,38 @@ def choose_pruned(importance: list[torch.Tensor], sparsity: float, scope: str = 
     return pruned
 
 
-def prune_heads(model: torch.nn.Module, heads: list[Heads], pruned: list[set[int]], mode: str = "remove") -> None:
+def prune_heads(model: torch.nn.Module, heads: list[Heads], pruned: list[set[int]], mode: str = "remove",
+                tower: str = "language") -> None:
     for h, gone in zip(heads, pruned):
         h.remove(gone) if mode == "remove" else h.mask(gone)
     if mode == "remove":
-        sync_config(model, heads)
+        sync_config(model, heads, tower)
 
 
 class HeadPruner(StructuredPruner):
-    """Ranks heads by `importance(scores)` (higher = keep) and removes the lowest."""
+    """Ranks heads by `importance(scores)` (higher = keep) and removes the lowest. On a
+    vision-language model, `tower` picks the heads: the language model's, the vision tower's, or
+    both (ranked together under scope=global, as one model's heads)."""
 
-    families = frozenset({"causal_lm", "encoder", "vision"})
+    families = frozenset({"causal_lm", "encoder", "vision", "vlm"})
+    towers = frozenset(TOWERS)
 
     def __init__(self, name: str, scope: str = "global", keep_one_per_layer: bool = False,
-                 mode: str = "remove", batch_size: int = 1):
-        super().__init__(name)
+                 mode: str = "remove", batch_size: int = 1, tower: str = "language"):
+        super().__init__(name, tower)
         if scope not in SCOPES or mode not in MODES:
-            raise ValueError(f"pruner {name}: scope={scope!r} (valid: {SCOPES}), mode={mode!r} (valid: {MODES})")
+            raise ValueError(f"pruner {name}: scope={scope!r} (valid: {SCOPES}), mode={mode!r} (valid: {MODES})"
+                             + tower_hint(scope))
         self.scope, self.keep_one_per_layer, self.mode, self.batch_size = scope, keep_one_per_layer, mode, batch_size
 
     def importance(self, scores) -> list[torch.Tensor]:
         raise NotImplementedError
 
     def prune(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
-        heads = attention_heads(loaded.model)
+        heads = attention_heads(loaded.model, self.tower)
         total = sum(h.n_heads for h in heads)
         pruned = choose_pruned(self.importance(scores), sparsity, self.scope, self.keep_one_per_layer)
-        prune_heads(loaded.model, heads, pruned, self.mode)
+        prune_heads(loaded.model, heads, pruned, self.mode, self.tower)
         return {"sparsity/actual": sum(map(len, pruned)) / total}
 
 
@@ -155,7 +166,7 @@ class CalibratedHeadPruner(HeadPruner):
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, list[torch.Tensor]]:
         batches = calibration_batches(loaded, calib, self.batch_size)
-        return head_statistics(loaded.model, batches, **self.statistics)
+        return head_statistics(loaded.model, batches, **self.statistics, tower=self.tower)
 
 
 class HISPruner(CalibratedHeadPruner):
@@ -211,7 +222,7 @@ class L2HeadPruner(HeadPruner):
     cacheable = False  # reading the weights is cheaper than the cache
 
     def score(self, loaded: LoadedModel, calib=None):
-        return [h.weight_norms() for h in attention_heads(loaded.model)]
+        return [h.weight_norms() for h in attention_heads(loaded.model, self.tower)]
 
     def importance(self, scores):
         return scores
@@ -226,7 +237,7 @@ class RandomHeadPruner(HeadPruner):
 
     def score(self, loaded: LoadedModel, calib=None):
         generator = torch.Generator().manual_seed(self.seed)
-        return [torch.rand(h.n_heads, generator=generator) for h in attention_heads(loaded.model)]
+        return [torch.rand(h.n_heads, generator=generator) for h in attention_heads(loaded.model, self.tower)]
 
     def importance(self, scores):
         return scores

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 import torch
 from torch import nn
 
-from prunebench.models.introspection import transformer_blocks
+from prunebench.models.introspection import tower_config, transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
@@ -28,7 +28,7 @@ def remove_layers(model: nn.Module, drop: set[int]) -> None:
         for module in block.modules():
             if isinstance(getattr(module, "layer_idx", None), int):
                 module.layer_idx = i
-    config = model.config
+    config = tower_config(model, "language")
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = [t for i, t in enumerate(config.layer_types) if i not in drop]
     config.num_hidden_layers = len(kept)
@@ -57,7 +57,9 @@ def block_influence(model: nn.Module, batches: list[dict]) -> torch.Tensor:
 
 
 class LayerPruner(StructuredPruner):
-    families = frozenset({"causal_lm"})
+    """A vision-language model loses blocks of its language model (the only tower it takes)."""
+
+    families = frozenset({"causal_lm", "vlm"})
 
     def drop(self, scores, n_layers: int, n: int) -> set[int]:
         raise NotImplementedError
@@ -72,8 +74,8 @@ class LayerPruner(StructuredPruner):
 class BlockInfluencePruner(LayerPruner):
     needs_calibration = True
 
-    def __init__(self, name: str = "layers_bi", batch_size: int = 1):
-        super().__init__(name)
+    def __init__(self, name: str = "layers_bi", batch_size: int = 1, tower: str = "language"):
+        super().__init__(name, tower)
         self.batch_size = batch_size
 
     def score(self, loaded: LoadedModel, calib=None) -> torch.Tensor:

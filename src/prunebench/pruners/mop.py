@@ -90,14 +90,15 @@ def released_g_step(model: torch.nn.Module, mlp_only: bool) -> tuple[int, int]:
 
 
 class MoPPruner(StructuredPruner):
-    families = frozenset({"causal_lm"})
+    families = frozenset({"causal_lm", "vlm"})  # a vision-language model's language tower
     needs_calibration = True
     cacheable = False  # every G step re-scores the model as it is by then
 
     def __init__(self, name: str = "mop", selector: str = "random", seed: int = 0, batch_size: int = 1,
                  sequence: str | None = None, steps: int | None = None, g_rule: str = "fixed",
-                 ratio_of: str = "blocks", mlp_only: bool = False, average: str = "token"):
-        super().__init__(name)
+                 ratio_of: str = "blocks", mlp_only: bool = False, average: str = "token",
+                 tower: str = "language"):
+        super().__init__(name, tower)
         for key, value, valid in (("selector", selector, SELECTORS), ("g_rule", g_rule, G_RULES),
                                   ("ratio_of", ratio_of, RATIO_OF), ("average", average, AVERAGES)):
             if value not in valid:

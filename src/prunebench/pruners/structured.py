@@ -18,21 +18,24 @@ def calibration_batches(loaded: LoadedModel, calib, batch_size: int) -> list[dic
     A calibration source with labels (one that has `batches(loaded, batch_size)`, e.g. a task's
     training split for a classifier) supplies its own dicts: `input_ids`/`attention_mask`/`labels`
     for text, `pixel_values`/`labels` for images. Plain text windows (`samples(tokenizer)`) become
-    token batches; a causal LM's windows are labelled with themselves (the LM loss)."""
+    token batches; a causal LM's (or a vision-language model's) windows are labelled with themselves
+    (the LM loss). A vision-language task's labelled batches carry images and label only the answer."""
     if hasattr(calib, "batches"):
         return list(calib.batches(loaded, batch_size))
     ids = calib.samples(loaded.tokenizer).to(loaded.device)
-    labelled = loaded.family == "causal_lm"
+    labelled = loaded.family in ("causal_lm", "vlm")
     return [{"input_ids": chunk, **({"labels": chunk} if labelled else {})} for chunk in ids.split(batch_size)]
 
 
 def observe(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
     """A forward pass for hooks to watch, without the LM or task head where transformers can
     leave it out (`get_decoder()`): on a small LM with a large vocabulary the head is most of
-    the cost, and no statistic needs it."""
-    if "pixel_values" in batch:
+    the cost, and no statistic needs it. A vision-language model's image+text batch runs its base
+    model (vision tower, projector and language model, no LM head)."""
+    if "pixel_values" in batch and "input_ids" not in batch:
         return model(batch["pixel_values"])
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model
+    body = (model.base_model if "pixel_values" in batch else
+            model.get_decoder() if hasattr(model, "get_decoder") else model)
     return body(**{k: v for k, v in batch.items() if k != "labels"})
 
 

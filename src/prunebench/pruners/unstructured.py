@@ -15,9 +15,10 @@ import torch
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
-from prunebench.pruners.base import Pruner
+from prunebench.pruners.base import Pruner, tower_hint
 from prunebench.pruners.masks import lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
+from prunebench.pruners.structured import calibration_batches
 
 MODULES = ("attention", "mlp")
 SCOPES = ("layer", "global", "row")
@@ -36,14 +37,14 @@ class UnstructuredPruner(Pruner):
     families = frozenset({"causal_lm", "encoder", "moe", "vlm"})
 
     def __init__(self, name: str, skip_layers: list[int] = (), modules: list[str] = MODULES,
-                 pattern: str | None = None, scope: str = "layer"):
-        super().__init__(name)
+                 pattern: str | None = None, scope: str = "layer", tower: str = "language"):
+        super().__init__(name, tower)
         self.skip_layers, self.modules = set(skip_layers), list(modules)
         bad = [m for m in self.modules if m not in MODULES]
         if bad or not self.modules:
             raise ValueError(f"pruner.modules={self.modules} must be a non-empty subset of {list(MODULES)}")
         if scope not in SCOPES:
-            raise ValueError(f"pruner.scope={scope!r} is not one of {list(SCOPES)}")
+            raise ValueError(f"pruner.scope={scope!r} is not one of {list(SCOPES)}" + tower_hint(scope))
         self.pattern, self.scope = parse_pattern(pattern), scope
 
     def check(self, sparsity: float) -> None:
@@ -136,7 +137,7 @@ class WandaPruner(UnstructuredPruner):
     ties its scores to one sparsity. An expert's norms come from the tokens routed to it; an expert
     no calibration token reached has no norms, and falls back to |W| (magnitude)."""
 
-    families = frozenset({"causal_lm", "moe"})
+    families = frozenset({"causal_lm", "moe", "vlm"})
     needs_calibration = True
 
     def __init__(self, name: str = "wanda", scope: str = "row", **options):
@@ -144,7 +145,7 @@ class WandaPruner(UnstructuredPruner):
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, torch.Tensor]:
         with eager_experts(loaded.model):
-            return input_square_sums(loaded.model, self.targets(loaded.model), calib.samples(loaded.tokenizer))
+            return input_square_sums(loaded.model, self.targets(loaded.model), calibration_batches(loaded, calib, 1))
 
     def importance(self, targets, scores):
         return {name: m.weight.abs() * (scores[name].sqrt() if scores[name].any() else torch.ones_like(scores[name])
@@ -162,7 +163,7 @@ class SparseGPTPruner(UnstructuredPruner):
     tokens routed to it; an expert no calibration token reached gets the identity, i.e. magnitude
     pruning without an update (its all-zero Hessian would otherwise zero every weight)."""
 
-    families = frozenset({"causal_lm", "moe"})
+    families = frozenset({"causal_lm", "moe", "vlm"})
     needs_calibration = True
     cacheable = False
 
@@ -174,11 +175,11 @@ class SparseGPTPruner(UnstructuredPruner):
             raise ValueError(f"pruner.damp={damp} must be positive (a fraction of the mean Hessian diagonal)")
         self.block_size, self.damp = block_size, damp
 
-    def score(self, loaded: LoadedModel, calib=None) -> torch.Tensor:
-        return calib.samples(loaded.tokenizer)
+    def score(self, loaded: LoadedModel, calib=None) -> list[dict[str, torch.Tensor]]:
+        return calibration_batches(loaded, calib, 1)
 
     @torch.no_grad()
-    def apply(self, loaded: LoadedModel, samples: torch.Tensor, sparsity: float) -> dict[str, float]:
+    def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float) -> dict[str, float]:
         _, blocks = transformer_blocks(loaded.model)
         hiddens, calls = block_calls(loaded.model, samples)
         targets = self.targets_by_block(loaded.model)

@@ -13,6 +13,7 @@ from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
 from prunebench.models.attention import Heads, attention_heads, sync_config
+from prunebench.models.introspection import tower_config, tower_modules
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
@@ -22,8 +23,9 @@ AVERAGES = ("token", "batch")
 
 
 def mlp_modules(model: nn.Module) -> list[nn.Module]:
-    """Gated (gate/up/down, Llama-style) and plain (up/down) MLPs, in forward order."""
-    found = [m for m in model.modules() if isinstance(getattr(m, "up_proj", None), nn.Linear)
+    """Gated (gate/up/down, Llama-style) and plain (up/down) MLPs of the language tower, in forward order."""
+    (_, root), = tower_modules(model, "language")
+    found = [m for m in root.modules() if isinstance(getattr(m, "up_proj", None), nn.Linear)
              and isinstance(getattr(m, "down_proj", None), nn.Linear)]
     if not found:
         raise ValueError(f"{type(model).__name__} has no up_proj/down_proj MLP that width pruning supports")
@@ -115,7 +117,7 @@ def prune_width(model: nn.Module, scores: dict[str, list[torch.Tensor]], heads_k
         keep_neurons(mlp, torch.argsort(score, descending=True, stable=True)[:neurons_kept].sort().values)
     sync_config(model, heads)
     sizes = {m.down_proj.in_features for m in mlps}
-    config = getattr(model, "config", None)
+    config = tower_config(model, "language")
     if config is not None and len(sizes) == 1 and hasattr(config, "intermediate_size"):
         config.intermediate_size = sizes.pop()
 
@@ -129,11 +131,11 @@ class WidthPruner(StructuredPruner):
     heads under GQA) and MLP neurons removed, rounded down. `sparsity/actual` is the neurons'
     achieved fraction, `sparsity/heads` the heads' (coarser: a layer has few heads)."""
 
-    families = frozenset({"causal_lm"})
+    families = frozenset({"causal_lm", "vlm"})  # a vision-language model's language tower
     needs_calibration = True
 
-    def __init__(self, name: str = "width_amp", batch_size: int = 1):
-        super().__init__(name)
+    def __init__(self, name: str = "width_amp", batch_size: int = 1, tower: str = "language"):
+        super().__init__(name, tower)
         self.batch_size = batch_size
 
     def score(self, loaded: LoadedModel, calib=None):

@@ -8,12 +8,14 @@ batched together and the group reports a size-weighted (lm-eval) or plain (OpenC
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from prunebench.api.requests import GENERATE_UNTIL, Document, GenerateUntil
+from prunebench.tasks.images import image_store
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import resolve
 
@@ -88,8 +90,9 @@ class GenerateUntilTask:
     headline); `target_filter` normalises the reference too (OpenCompass's option letters).
     `fewshot`: exemplar documents, rendered with the same templates, `target_delimiter` between
     question and answer and `fewshot_delimiter` after each. `doc_to_image` (a field or template
-    naming an image file under `image_dir`) makes each request carry its image, for a
-    vision-language model."""
+    naming an image in `image_dir`: a folder, a .zip or an HF dataset, see tasks/images.py; an
+    absolute file name; or the picture itself, as an HF dataset's image column holds it) makes each
+    request carry its image, for a vision-language model."""
 
     kind: ClassVar[str] = GENERATE_UNTIL
     lower_is_better: ClassVar[bool] = False
@@ -111,6 +114,8 @@ class GenerateUntilTask:
     primary: str | None = None
     doc_to_image: str | None = None
     image_dir: str | None = None
+    image_column: str = "image"  # an HF dataset image_dir: its image feature
+    image_key: str | None = None  # ... and the column naming each picture (None: the file name it was stored under)
 
     def __post_init__(self):
         self.until = list(self.until)
@@ -135,20 +140,34 @@ class GenerateUntilTask:
 
     def check_images(self, shown: int = 5) -> None:
         """Every document's image exists: a run that would fail on image 3000 fails before any model loads."""
-        missing = [str(path) for path in map(self.image_path, self.docs()) if not path.is_file()]
+        names = [resolve(self.doc_to_image, doc) for doc in self.docs()]
+        names = [str(name) for name in names if isinstance(name, (str, Path))]  # pictures themselves need no check
+        absolute = [name for name in names if Path(name).is_absolute()]
+        missing = [name for name in absolute if not Path(name).is_file()]
+        relative = [name for name in names if not Path(name).is_absolute()]
+        if relative:
+            store = self.image_store()
+            missing += [name for name in relative if not store.has(name)]
         if missing:
-            raise FileNotFoundError(f"task {self.name}: {len(missing)} image(s) missing under image_dir="
+            raise FileNotFoundError(f"task {self.name}: {len(missing)} image(s) missing in image_dir="
                                     f"{self.image_dir!r}, first: {missing[:shown]}")
 
-    def image_path(self, doc: dict) -> Path:
-        """An absolute name is the file; a relative one lies under `image_dir`."""
-        name = Path(str(resolve(self.doc_to_image, doc)))
-        if name.is_absolute():
-            return name
+    def image_store(self):
+        """The store behind `image_dir`, opened once (a zip's index, a dataset's name column)."""
         if not self.image_dir:
-            raise FileNotFoundError(f"task {self.name} reads images: set task.tasks.{self.name}.image_dir=DIR "
-                                    f"(the benchmark's image folder)")
-        return Path(self.image_dir).expanduser() / name
+            raise FileNotFoundError(f"task {self.name} reads images: set task.tasks.{self.name}.image_dir=PATH "
+                                    f"(the benchmark's image folder, a .zip of it, or an HF dataset)")
+        if getattr(self, "_image_store", None) is None:
+            self._image_store = image_store(self.image_dir, self.image_column, self.image_key)
+        return self._image_store
+
+    def image(self, doc: dict):
+        """An absolute name is the file; a relative one is looked up in `image_dir`; anything else
+        is the picture itself."""
+        value = resolve(self.doc_to_image, doc)
+        if not isinstance(value, (str, Path)):
+            return value
+        return Path(value) if Path(value).is_absolute() else self.image_store().ref(str(value))
 
     def docs(self, limit: int | None = None) -> list[dict]:
         docs = self.source.load()
@@ -164,7 +183,25 @@ class GenerateUntilTask:
                         str(resolve(self.doc_to_target, doc))) for i, doc in enumerate(self.docs(limit))]
 
     def images(self, doc: dict) -> tuple:
-        return (self.image_path(doc),) if self.doc_to_image else ()
+        return (self.image(doc),) if self.doc_to_image else ()
+
+    def labelled_batches(self, loaded, n_samples: int, seed: int, batch_size: int) -> list[dict]:
+        """Image+text calibration (calib=labelled on a split that is not evaluated): `n_samples`
+        documents drawn by `seed`, each prompt with its image and reference answer, labelled on the
+        answer only (the model adapter's `labelled_inputs`)."""
+        docs = self.docs()
+        picked = [docs[i] for i in random.Random(seed).sample(range(len(docs)), min(n_samples, len(docs)))]
+        rows = [(self.prompt(doc), str(resolve(self.doc_to_target, doc)), list(self.images(doc))) for doc in picked]
+        unanswered = [i for i, (_, answer, _) in enumerate(rows) if not answer.strip()]
+        if unanswered:
+            raise ValueError(f"task {self.name}: {len(unanswered)} calibration document(s) have no reference answer "
+                             f"(doc_to_target={self.doc_to_target!r}); calibrate on a split with answers")
+        batches = []
+        for start in range(0, len(rows), batch_size):
+            prompts, answers, images = map(list, zip(*rows[start:start + batch_size]))
+            batch = loaded.labelled_inputs(prompts, answers, images)
+            batches.append({key: value.to(loaded.device) for key, value in batch.items()})
+        return batches
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
         """(the filtered answer of each metric, each metric's value)."""

@@ -34,6 +34,9 @@ def identity(cfg: DictConfig) -> dict:
     offered = task.pop("protocols", None) or {}
     if task.get("protocol") in offered:
         task["protocols"] = {task["protocol"]: offered[task["protocol"]]}
+    # pruner.tower=language is what every pruner did before the key existed: runs stored then still match
+    if data.get("pruner", {}).get("tower") == "language":
+        data["pruner"].pop("tower")
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0

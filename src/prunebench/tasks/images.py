@@ -1,0 +1,126 @@
+"""Where a task's images are (`image_dir`): a folder in the benchmark's published layout (an HF
+`imagefolder` is one), a .zip of it as the benchmarks ship it (VizWiz's val.zip holds val/<name>),
+or a Hugging Face dataset saved with `save_to_disk` or written as parquet, whose image column holds
+the pictures and whose key column (or the file name each picture was stored under) names them.
+
+Each store answers which names it holds without opening a picture, so every document's image is
+checked before any model loads; a picture is read only when its batch is built (`open_image`)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+
+class ImageFolder:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def has(self, name: str) -> bool:
+        return (self.root / name).is_file()
+
+    def ref(self, name: str) -> Path:
+        return self.root / name
+
+
+@dataclass(frozen=True)
+class ZipMember:
+    """One picture inside a zip archive, read when its batch is built."""
+
+    archive: str
+    member: str
+
+    def open_image(self):
+        from PIL import Image
+
+        with zipfile.ZipFile(self.archive) as archive:
+            data = archive.read(self.member)
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+
+
+class ImageZip:
+    """Names are found as they are, or under the archive's one top-level folder (val.zip's val/)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with zipfile.ZipFile(path) as archive:
+            self.members = {name for name in archive.namelist() if not name.endswith("/")}
+        tops = {PurePosixPath(name).parts[0] for name in self.members if "/" in name}
+        self.prefixes = ["", f"{tops.pop()}/"] if len(tops) == 1 else [""]
+
+    def member(self, name: str) -> str | None:
+        return next((p + name for p in self.prefixes if p + name in self.members), None)
+
+    def has(self, name: str) -> bool:
+        return self.member(name) is not None
+
+    def ref(self, name: str) -> ZipMember:
+        return ZipMember(str(self.path), self.member(name))
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetRow:
+    """One row's picture of an HF dataset, decoded when its batch is built."""
+
+    store: "ImageDataset"
+    row: int
+
+    def open_image(self):
+        return self.store.dataset[self.row][self.store.column].convert("RGB")
+
+
+class ImageDataset:
+    """`column`: the image feature; `key`: the column naming each picture, or None for the file
+    name the image feature stored with it (its `path`, as `datasets` keeps it)."""
+
+    def __init__(self, path: Path, column: str = "image", key: str | None = None):
+        import datasets
+
+        if path.is_dir():
+            self.dataset = datasets.load_from_disk(str(path))
+        else:
+            self.dataset = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        if isinstance(self.dataset, datasets.DatasetDict):
+            raise ValueError(f"image_dir={str(path)!r} holds several splits {list(self.dataset)}; "
+                             f"point it at one split's folder")
+        columns = self.dataset.column_names
+        for option, name in (("image_column", column), ("image_key", key)):
+            if name is not None and name not in columns:
+                raise ValueError(f"image_dir={str(path)!r}: {option}={name!r} is not a column; its columns: {columns}")
+        self.path, self.column = path, column
+        if key is not None:
+            names = [str(v) for v in self.dataset[key]]
+        else:
+            stored = self.dataset.cast_column(column, datasets.Image(decode=False))[column]
+            names = [PurePosixPath(value["path"] or "").name for value in stored]
+        self.rows = {name: row for row, name in enumerate(names)}
+
+    def has(self, name: str) -> bool:
+        return name in self.rows or PurePosixPath(name).name in self.rows
+
+    def ref(self, name: str) -> DatasetRow:
+        return DatasetRow(self, self.rows.get(name, self.rows.get(PurePosixPath(name).name)))
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A folder `Dataset.save_to_disk` wrote (its state file and dataset info beside the arrow files)."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def image_store(image_dir: str, column: str = "image", key: str | None = None):
+    """The store behind `image_dir`, chosen by what the path is."""
+    path = Path(image_dir).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"image_dir={image_dir!r} does not exist (a folder of images, a .zip of one, "
+                                f"or an HF dataset: a save_to_disk folder or a .parquet file)")
+    if path.is_dir():
+        return ImageDataset(path, column, key) if is_saved_dataset(path) else ImageFolder(path)
+    if path.suffix == ".zip":
+        return ImageZip(path)
+    if path.suffix == ".parquet":
+        return ImageDataset(path, column, key)
+    raise FileNotFoundError(f"image_dir={image_dir!r} is a file prunebench cannot read images from; "
+                            f"use a folder, a .zip, or an HF dataset (save_to_disk folder or .parquet)")
