@@ -92,3 +92,29 @@ def test_the_key_comes_from_the_environment_and_is_never_shown(monkeypatch):
     monkeypatch.delenv("PB_JUDGE_KEY")
     with pytest.raises(ValueError, match="PB_JUDGE_KEY.*not set.*api_key_env=null"):
         OpenAICompatibleJudge(model="m", url=server.url, api_key_env="PB_JUDGE_KEY").check()
+
+
+def test_a_local_causal_lm_judges_greedily_through_its_chat_template(tmp_path):
+    import torch
+    from omegaconf import OmegaConf
+
+    from conftest import CONF_DIR
+    from prunebench.judges.hf_causal import HFCausalJudge
+    from prunebench.models.tiny import load_tiny
+
+    options = OmegaConf.to_container(OmegaConf.load(f"{CONF_DIR}/model/tiny-llama.yaml"))
+    options.pop("_target_")
+    loaded = load_tiny(**options)
+    loaded.tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                                      "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    loaded.model.save_pretrained(tmp_path / "judge")
+    loaded.tokenizer.save_pretrained(tmp_path / "judge")
+    judge = HFCausalJudge(path=str(tmp_path / "judge"))
+    reply = judge.reply(MESSAGES, max_tokens=6)
+    # the same greedy continuation of the rendered chat, computed here with the in-memory model
+    ids = loaded.tokenizer("<|user|>Rate: A vs B\n<|assistant|>", return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                    pad_token_id=loaded.tokenizer.pad_token_id)
+    assert reply.text == loaded.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert not reply.cached and judge.reply(MESSAGES, max_tokens=6).cached
