@@ -153,3 +153,17 @@ def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_p
         retries = [b for b in server.requests if "What is 2? |" in user_text(b)]
         assert [b["temperature"] for b in retries] == [0.0, 0.0, 0.5, 1.0, 1.5]
         assert user_text(retries[1]).endswith("\nPredict the correctness of the answer (digit): ")
+
+
+def test_the_run_key_follows_the_judge_model_not_where_it_is_served():
+    from prunebench.tracking.run_key import run_key
+
+    def key(*overrides):
+        return run_key(compose_cfg(["model=tiny-llava", "task=mm_vet", *overrides]))
+
+    served = key(*judge_overrides("http://127.0.0.1:1/v1"))
+    assert served == key(*judge_overrides("http://10.0.0.2:8000/v1"), "judge.max_retries=9")
+    assert served != key(*judge_overrides("http://127.0.0.1:1/v1"), "judge.model=another-judge")
+    # a task no judge grades keeps its key whether a judge is set or not
+    assert run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa"])) == run_key(
+        compose_cfg(["model=tiny-llava", "task=easy_vqa", *judge_overrides("http://127.0.0.1:1/v1")]))

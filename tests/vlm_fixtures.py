@@ -17,6 +17,13 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 CATEGORIES = ["conv", "detail", "complex", "conv", "detail", "complex"]
 
 
+def _llava_bench(questions: Path, answers: Path, image: str, first_image: int, question: str, reference: str) -> None:
+    """LLaVA's question file and GPT-4 answer file: three categories per image, two images."""
+    _jsonl(questions, [{"question_id": i, "image": image.format(i // 3 + first_image), "text": f"{question} {i}?",
+                        "category": c} for i, c in enumerate(CATEGORIES)])
+    _jsonl(answers, [{"question_id": i, "text": f"{reference} {i}.", "category": c} for i, c in enumerate(CATEGORIES)])
+
+
 def write_vlm_data(root: Path) -> tuple[Path, Path]:
     """(data_dir, image_dir) for task=llava_suite: 6 documents per task."""
     images = []
@@ -31,20 +38,14 @@ def write_vlm_data(root: Path) -> tuple[Path, Path]:
                                                    "text": f"What is object {i}?" + post, "category": "default"} for i in range(6)])
     images += [f"VizWiz_test_{i:08d}.jpg" for i in range(6)]
     coco = root / "llava-bench-coco"
-    _jsonl(coco / "qa90_questions.jsonl", [{"question_id": i, "image": f"0000{i // 3}.jpg", "text": f"Question {i}?",
-                                            "category": c} for i, c in enumerate(CATEGORIES)])
-    _jsonl(coco / "qa90_gpt4_answer.jsonl", [{"question_id": i, "text": f"Reference {i}.", "category": c}
-                                             for i, c in enumerate(CATEGORIES)])
+    _llava_bench(coco / "qa90_questions.jsonl", coco / "qa90_gpt4_answer.jsonl", "0000{}.jpg", 0, "Question", "Reference")
     _jsonl(coco / "caps_boxes_coco2014_val_80.jsonl", [{"id": f"0000{j}", "image": f"0000{j}.jpg",
                                                         "captions": [f"Caption {j}a.", f"Caption {j}b."],
                                                         "instances": [{"category": "cat", "bbox": [0.1, 0.2, 0.5, 0.9]}]}
                                                        for j in range(2)])
     images += [f"0000{j}.jpg" for j in range(2)]
     wild = root / "llava-bench-in-the-wild"
-    _jsonl(wild / "questions.jsonl", [{"question_id": i, "image": f"{i // 3 + 1:03d}.jpg", "text": f"Wild {i}?",
-                                       "category": c} for i, c in enumerate(CATEGORIES)])
-    _jsonl(wild / "answers_gpt4.jsonl", [{"question_id": i, "text": f"Wild reference {i}.", "category": c}
-                                         for i, c in enumerate(CATEGORIES)])
+    _llava_bench(wild / "questions.jsonl", wild / "answers_gpt4.jsonl", "{:03d}.jpg", 1, "Wild", "Wild reference")
     _jsonl(wild / "context.jsonl", [{"id": f"{j:03d}", "image": f"{j:03d}.jpg", "caption": f"A scene {j}."}
                                     for j in (1, 2)])
     images += ["001.jpg", "002.jpg"]
