@@ -35,7 +35,8 @@ class HFCausalJudge(Judge):
         else:  # a base model: the turns' text, in order
             ids = tokenizer("\n\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
         ids = ids.to(model.device)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                                 do_sample=False, pad_token_id=pad)
         return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

@@ -7,12 +7,13 @@ The judge is any object with `model`, `check()` and `reply(messages, temperature
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
-from prunebench.api.metrics import mean_stderr
 from prunebench.tasks.generation import GenerateUntilTask
 from prunebench.tasks.sources import DocSource
 
@@ -25,9 +26,7 @@ HOW_TO_SET_A_JUDGE = ("add judge=openai_compatible judge.model=<model> [judge.ur
 
 def read_keyed(path) -> list[dict]:
     """A JSON object of documents keyed by their id (MM-Vet's mm-vet.json) as a list, each with its `id`."""
-    import json
-
-    data = json.loads(open(path, encoding="utf-8").read())
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"{path}: expected a JSON object {{id: {{...}}}} of documents")
     return [{"id": key, **value} for key, value in data.items()]
@@ -96,7 +95,3 @@ def check_part(source: DocSource | None, key: str) -> None:
 
 def ratio_or_nan(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
-
-
-def scaled_stderr(values: list[float], scale: float) -> float:
-    return mean_stderr(values) * scale
