@@ -17,6 +17,7 @@ ALLOWED = {
     "models": {"api", "cache"},
     "pruners": {"models", "cache"},
     "tracking": {"api", "cache"},
+    "judges": {"cache", "models"},
     "report": {"tracking", "paths"},
 }
 

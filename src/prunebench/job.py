@@ -92,14 +92,17 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         metrics, logged = execute(cfg, tasks, dense)
-        primary = {name: metrics[f"{name}/{task.primary}"] for name, task in tasks.items()}
-        mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in tasks.items()}))
-        metrics["avg/score"] = sum(primary.values()) / len(primary)
-        lower = frozenset(n for n, t in tasks.items() if t.lower_is_better)
+        # a split without answers (a submission) has no metric, so no place in the average
+        scored = {name: task for name, task in tasks.items() if task.metrics}
+        primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
+        mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in scored.items()}))
+        if primary:
+            metrics["avg/score"] = sum(primary.values()) / len(primary)
+        lower = frozenset(n for n, t in scored.items() if t.lower_is_better)
         dense_primary = primary
         if not dense:
             dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
-            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in tasks.items()}
+            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in scored.items()}
             if dense_run is None:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
         if dense_primary:
@@ -135,7 +138,7 @@ def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigEr
 def summary(metrics: dict[str, float], tasks: dict) -> str:
     """The numbers a sweep's reader scans for: each task's primary metric (the first few), then the
     averages and what the pruning achieved."""
-    keys = [f"{name}/{task.primary}" for name, task in tasks.items()]
+    keys = [f"{name}/{task.primary}" for name, task in tasks.items() if task.metrics]
     shown = [f"{key}={metrics[key]:.4g}" for key in keys[:4]]
     if len(keys) > 4:
         shown.append(f"... {len(keys) - 4} more")
@@ -178,6 +181,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     start = time.perf_counter()
     for name, task in tasks.items():
         pruner.start_task(name)
+        # the judge and its prompt version, for a judged task: its numbers compare only under one judge
+        mlflow.set_tags(getattr(task, "tags", {}))
         task_metrics, records = evaluate_task(cfg, loaded, name, task)
         task_metrics.update(pruner.task_metrics(name))
         mlflow.log_metrics(task_metrics)  # now, so a job that dies on a later task keeps this one's
@@ -186,6 +191,9 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         for path, artifact in pruner.task_artifacts(name).items():
             (mlflow.log_dict if isinstance(artifact, dict) else mlflow.log_figure)(artifact, path)
         mlflow.log_text("\n".join(json.dumps(r) for r in records), f"predictions/{name}.jsonl")
+        # what a task writes besides its predictions (a submission file, a judge's reviews)
+        for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
+            mlflow.log_dict(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark

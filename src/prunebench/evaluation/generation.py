@@ -83,7 +83,9 @@ class GenerationDataModule(L.LightningDataModule):
 
 class GenerationModule(L.LightningModule):
     """Logs `<member>/<metric>` and its stderr for every member task and, for a group,
-    `<group>/<metric>` (module.stderr gives the group's standard error)."""
+    `<group>/<metric>` (module.stderr gives the group's standard error). A task with
+    `corpus_metrics(records)` (a judged one) scores all its records together instead of averaging
+    per-document values."""
 
     def __init__(self, model: LoadedModel, task):
         super().__init__()
@@ -91,7 +93,8 @@ class GenerationModule(L.LightningModule):
         self.members = [member.name for member in task.members]
         self.grouped = task.grouped
         self.generator = Generator(model, task.until, task.max_gen_toks)
-        self.metric_names = task.metrics
+        self.corpus = getattr(task, "corpus_metrics", None)
+        self.metric_names = [] if self.corpus else task.metrics
         self.metrics = torch.nn.ModuleDict({
             f"{name}:{metric}": torchmetrics.MeanMetric() for name in self.members for metric in self.metric_names})
         self.records: list[dict] = []
@@ -111,6 +114,11 @@ class GenerationModule(L.LightningModule):
             self.records.append(record)
 
     def on_test_epoch_end(self) -> None:
+        if self.corpus:
+            values, self.group_stderr = self.corpus(self.records)
+            for metric, value in values.items():
+                self.log(f"{self.task.name}/{metric}", value)
+            return
         sizes = {name: sum(r["task"] == name for r in self.records) for name in self.members}
         for metric in self.metric_names:
             means, stderrs = [], []
@@ -128,6 +136,8 @@ class GenerationModule(L.LightningModule):
                 self.group_stderr[metric] = stderr
 
     def stderr(self, name: str) -> float:
+        if self.corpus:
+            return self.group_stderr.get(name, float("nan"))
         if self.grouped:
             return self.group_stderr[name]
         return mean_stderr([r[name] for r in self.records])

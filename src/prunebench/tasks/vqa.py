@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prunebench.tasks.generation import GenerateUntilTask, Request
 
@@ -132,9 +132,45 @@ def annotator_answers(doc: dict) -> list[str]:
 @dataclass
 class VQATask(GenerateUntilTask):
     """A generation task scored by VQA soft accuracy (`exact_match`, lmms-eval's name) against the
-    document's annotator answers; the record's `exact_match_answer` is the normalised reply, what
-    a submission file for the evaluation server holds."""
+    document's annotator answers; the record's `exact_match_answer` is the normalised reply.
+
+    A split without answers (VizWiz test) is a submission: no metric is logged, and the normalised
+    replies are written as the evaluation server's JSON ([{"image", "answer"}], the file LLaVA's
+    convert_vizwiz_for_submission.py writes), artifact submission/<task>.json."""
+
+    _submission: bool | None = field(default=None, init=False, repr=False)
+
+    @property
+    def submission(self) -> bool:
+        if self._submission is None:
+            docs = self.docs()
+            answered = sum(bool(annotator_answers(doc)) for doc in docs)
+            if 0 < answered < len(docs):
+                first = next(i for i, doc in enumerate(docs) if not annotator_answers(doc))
+                raise ValueError(f"task {self.name}: {answered} of {len(docs)} questions have answers and document "
+                                 f"{first} has none; a split is either scored (every question answered) or a submission")
+            self._submission = answered == 0
+        return self._submission
+
+    @property
+    def metrics(self) -> list[str]:
+        return [] if self.submission else list(self.filters)
+
+    def check(self) -> None:
+        super().check()
+        _ = self.submission  # a half-answered file fails here, before any model loads
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
-        return ({name: normalize_answer(response) for name in self.filters},
-                {name: vqa_soft_accuracy(response, annotator_answers(request.doc)) for name in self.filters})
+        answers = {name: normalize_answer(response) for name in self.filters}
+        if self.submission:
+            return answers, {}
+        return answers, {name: vqa_soft_accuracy(response, annotator_answers(request.doc)) for name in self.filters}
+
+    def artifacts(self, records: list[dict]) -> dict[str, list]:
+        if not self.submission:
+            return {}
+        return {f"submission/{self.name}.json": [{"image": r["image"], "answer": r[f"{self.primary}_answer"]}
+                                                 for r in records]}
+
+    def process_results(self, request: Request, responses: list[str]) -> dict:
+        return {**super().process_results(request, responses), "image": request.doc.get("image")}

@@ -12,9 +12,12 @@ from prunebench.cache import content_key
 
 # Fields that change where or how fast a job runs, never its numbers.
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data")
+# `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data", "judge")
 # model-config keys that never change a job's numbers
 MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
+# judge-config keys that say how to reach the judge, not which model grades
+JUDGE_RUNTIME_KEYS = ("url", "api_key_env", "max_retries", "timeout_s", "device", "name")
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
@@ -37,6 +40,9 @@ def identity(cfg: DictConfig) -> dict:
     # pruner.tower=language is what every pruner did before the key existed: runs stored then still match
     if data.get("pruner", {}).get("tower") == "language":
         data["pruner"].pop("tower")
+    for definition in (task.get("tasks") or {}).values():
+        for key in JUDGE_RUNTIME_KEYS:
+            (definition.get("judge") or {}).pop(key, None)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0

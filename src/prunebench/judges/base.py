@@ -1,0 +1,47 @@
+"""What every judge shares: each reply kept on disk as JSON, keyed by the judge model and the full
+request, so a rerun (or another pruned model giving an answer seen before) asks nothing twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+from prunebench.cache import cache_dir, content_key
+
+
+@dataclass
+class JudgeReply:
+    text: str
+    cached: bool  # read from the disk cache, no request made
+
+
+class Judge:
+    """`model` names the grading model (its id on the server, or a checkpoint path): part of the
+    cache key and the `prunebench.judge` tag. Subclasses implement `complete`."""
+
+    def __init__(self, model: str, name: str | None = None):
+        if not model:
+            raise ValueError("judge.model is empty: name the grading model (e.g. judge.model=gpt-4-0613)")
+        self.model, self.name = model, name or type(self).__name__
+
+    def check(self) -> None:
+        """Raises before any model loads when the judge cannot work (a missing key, say)."""
+
+    def complete(self, messages: list[dict], temperature: float, max_tokens: int) -> str:
+        raise NotImplementedError
+
+    def reply(self, messages: list[dict], temperature: float = 0.0, max_tokens: int = 1024) -> JudgeReply:
+        """The cached reply, else a fresh one stored before it is returned. The sampling settings
+        are in the key too: MM-Vet asks again at a higher temperature when a reply does not parse."""
+        request = {"judge": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        path = cache_dir("judge") / f"{content_key(request)}.json"
+        if path.is_file():
+            return JudgeReply(json.loads(path.read_text(encoding="utf-8"))["reply"], cached=True)
+        text = self.complete(messages, temperature, max_tokens)
+        # written whole or not at all: parallel jobs may judge the same answer
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as out:
+            json.dump({**request, "reply": text}, out)
+        os.replace(out.name, path)
+        return JudgeReply(text, cached=False)

@@ -1,0 +1,43 @@
+"""Any server that speaks the chat-completions protocol (OpenAI, vLLM, SGLang, llama.cpp, a proxy),
+through the `openai` client: its `base_url` reaches any of them, and its retries back off on 408,
+409, 429 and 5xx (honouring the server's Retry-After), so none are hand-written here."""
+
+from __future__ import annotations
+
+import os
+
+from prunebench.judges.base import Judge
+
+
+class OpenAICompatibleJudge(Judge):
+    """`url`: the server's base URL (null: api.openai.com); `api_key_env`: the environment variable
+    holding the key (null for a server without keys). The key is read when the client is made and
+    kept only inside it: never in the config, a log line or a repr."""
+
+    def __init__(self, model: str, url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
+                 max_retries: int = 5, timeout_s: float = 120.0, name: str | None = None):
+        super().__init__(model, name)
+        self.url, self.api_key_env, self.max_retries, self.timeout_s = url, api_key_env, max_retries, timeout_s
+        self._client = None
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleJudge(model={self.model!r}, url={self.url!r}, api_key_env={self.api_key_env!r})"
+
+    def check(self) -> None:
+        if self.api_key_env and not os.environ.get(self.api_key_env):
+            raise ValueError(f"judge.api_key_env={self.api_key_env!r}: that environment variable is not set; "
+                             f"export it, or set judge.api_key_env=null for a server that takes no key")
+
+    def client(self):
+        if self._client is None:
+            import openai
+
+            key = os.environ[self.api_key_env] if self.api_key_env else "none"
+            self._client = openai.OpenAI(base_url=self.url, api_key=key, max_retries=self.max_retries,
+                                         timeout=self.timeout_s)
+        return self._client
+
+    def complete(self, messages: list[dict], temperature: float, max_tokens: int) -> str:
+        response = self.client().chat.completions.create(model=self.model, messages=messages,
+                                                         temperature=temperature, max_tokens=max_tokens)
+        return response.choices[0].message.content or ""

@@ -1,0 +1,169 @@
+"""LLaVA-Bench and MM-Vet on the real question files (with stand-in images and the files shared/data
+lacks written in their schema), the judge prompts they send, and a run on tiny-llava graded by a real
+chat-completions server, an unparseable reply among them."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from chat_server import ChatServer, benchmark_judge, user_text
+from conftest import SHARED_DATA, compose_cfg, stand_in_images
+from prunebench import job
+from prunebench.api.errors import ConfigError
+from prunebench.tasks.build import build_tasks
+from vlm_fixtures import write_vlm_data
+
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "pruner=none"]
+COCO = SHARED_DATA / "llava-bench-coco"
+MM_VET = SHARED_DATA / "mm-vet" / "llava-mm-vet.jsonl"
+
+
+def judge_overrides(url: str) -> list[str]:
+    return ["judge=openai_compatible", f"judge.url={url}", "judge.model=test-judge", "judge.api_key_env=null"]
+
+
+@pytest.fixture(autouse=True)
+def judge_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.shared_data
+@pytest.mark.skipif(not MM_VET.exists(), reason="needs ../shared/data/mm-vet")
+def test_the_real_mm_vet_file_parses_with_lmms_eval_prompts(tmp_path):
+    questions = lines(MM_VET)
+    stand_in_images(tmp_path / "images", sorted({q["image"] for q in questions}))
+    # mm-vet.json is not in shared/data: a stand-in in its schema, one entry per question
+    (tmp_path / "mm-vet.json").write_text(json.dumps({f"v1_{q['question_id']}": {
+        "question": q["text"], "answer": "x", "capability": ["rec"], "imagename": q["image"]} for q in questions}))
+    cfg = compose_cfg(["model=tiny-llava", "task=mm_vet", f"data_dir={SHARED_DATA}", *judge_overrides("http://127.0.0.1:9/v1"),
+                       f"task.tasks.mm_vet.references.path={tmp_path / 'mm-vet.json'}",
+                       f"task.tasks.mm_vet.image_dir={tmp_path / 'images'}"])
+    requests = build_tasks(cfg)["mm_vet"].instances()
+    assert len(requests) == 218
+    # lmms-eval's mmvet doc_to_text with the pre-2024-04 (and LLaVA's) empty pre_prompt: the question itself
+    assert [r.prompt for r in requests[:3]] == ["What is x in the equation?", "What is d in the last equation?",
+                                                "What is x in the equation?"]
+    assert requests[1].requests[0].images == (tmp_path / "images" / "v1_1.png",)
+    # lmms-eval's current default pre_prompt, as the task's description
+    cfg.task.tasks.mm_vet.description = ("First please perform reasoning, and think step by step to provide best "
+                                         "answer to the following question: \n\n")
+    assert build_tasks(cfg)["mm_vet"].instances(1)[0].prompt == (
+        "First please perform reasoning, and think step by step to provide best answer to the following question: "
+        "\n\nWhat is x in the equation?")
+
+
+@pytest.mark.shared_data
+@pytest.mark.skipif(not COCO.exists(), reason="needs ../shared/data/llava-bench-coco")
+def test_the_real_llava_bench_coco_files_parse_with_lmms_eval_prompts(tmp_path):
+    questions = lines(COCO / "qa90_questions.jsonl")
+    names = sorted({q["image"] for q in questions})
+    stand_in_images(tmp_path / "images", names)
+    # LLaVA's caps_boxes_coco2014_val_80.jsonl is not in shared/data: a stand-in in its schema
+    (tmp_path / "caps.jsonl").write_text("".join(json.dumps({"image": n, "captions": ["A photo."], "instances": []}) + "\n"
+                                                 for n in names))
+    cfg = compose_cfg(["model=tiny-llava", "task=llava_bench_coco", f"data_dir={SHARED_DATA}",
+                       *judge_overrides("http://127.0.0.1:9/v1"), f"task.tasks.llava_bench_coco.context.path={tmp_path / 'caps.jsonl'}",
+                       f"task.tasks.llava_bench_coco.image_dir={tmp_path / 'images'}"])
+    task = build_tasks(cfg)["llava_bench_coco"]
+    requests = task.instances()
+    assert len(requests) == 90 and len(names) == 30
+    # lmms-eval's llava_doc_to_text with empty pre/post prompts: the question
+    assert [r.prompt for r in requests[:3]] == ["What is the color of the two suitcases in the image?",
+                                                "Analyze the image in a comprehensive and detailed manner.",
+                                                "What potential factors could make these suitcases valuable?"]
+    # the GPT-4 reference answers joined by question_id
+    assert requests[0].target == "The colors of the two suitcases in the image are black and brown with yellow details."
+    assert {r.doc["category"] for r in requests} == {"conv", "detail", "complex"}
+
+
+def test_a_judged_task_without_a_judge_fails_validation_saying_how_to_set_one(tmp_path):
+    data, images = write_vlm_data(tmp_path / "data")
+    cfg = compose_cfg(["model=tiny-llava", "task=mm_vet", f"data_dir={data}", f"task.tasks.mm_vet.image_dir={images}"])
+    with pytest.raises(ConfigError, match=r"task mm_vet .*graded by a judge model and none is set: add "
+                                          r"judge=openai_compatible judge.model=.* or judge=hf_causal judge.path="):
+        build_tasks(cfg)
+
+
+def test_the_judge_prompts_are_the_benchmarks_own(tmp_path):
+    data, images = write_vlm_data(tmp_path / "data")
+    overrides = ["model=tiny-llava", f"data_dir={data}", *judge_overrides("http://127.0.0.1:9/v1")]
+    coco = build_tasks(compose_cfg([*overrides, "task=llava_bench_coco", f"task.tasks.llava_bench_coco.image_dir={images}"]))
+    wild = build_tasks(compose_cfg([*overrides, "task=llava_bench_wild", f"task.tasks.llava_bench_wild.image_dir={images}"]))
+    from prunebench.tasks.llava_bench import COCO_RULE, WILD_RULE, review_prompt
+    from prunebench.tasks.mm_vet import grader_prompt
+
+    # eval_gpt_review_visual.py's content for COCO: captions, a blank line, the boxes
+    assert review_prompt(coco["llava_bench_coco"].docs()[0]["context"], "Q?", "Ref.", "Ans.", COCO_RULE) == (
+        "[Context]\nCaption 0a.\nCaption 0b.\n\ncat: [0.1, 0.2, 0.5, 0.9]\n\n[Question]\nQ?\n\n[Assistant 1]\nRef.\n\n"
+        "[End of Assistant 1]\n\n[Assistant 2]\nAns.\n\n[End of Assistant 2]\n\n[System]\n" + COCO_RULE + "\n\n")
+    assert wild["llava_bench_wild"].docs()[0]["context"] == "A scene 1."
+    assert COCO_RULE.startswith("We would like to request your feedback on the performance of two AI assistants")
+    assert "represented with five descriptive sentences" in COCO_RULE and "a few sentences describing the image. \n" in WILD_RULE
+    # MM-Vet's grader: the few-shot table, then "question | answer with spaced <AND>/<OR> | prediction | "
+    prompt = grader_prompt("What is x?", "-1<AND>-5", "x = 3")
+    assert prompt.endswith("| 1.0\n\nWhat is x? | -1 <AND> -5 | x = 3 | ")
+    assert prompt.startswith("Compare the ground truth and prediction from AI models, to give a correctness score")
+
+
+def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_path, store):
+    data, images = write_vlm_data(tmp_path / "data")
+
+    def script(body, auth):
+        # the first LLaVA-Bench question's review and every MM-Vet try of question 2 have no score
+        text = user_text(body)
+        if "[Question]\nQuestion 0?" in text or (text.startswith("Compare") and "What is 2? |" in text):
+            return 200, "I cannot tell."
+        return benchmark_judge(body, auth)
+
+    with ChatServer(script) as server:
+        for name in ("llava_bench_coco", "mm_vet"):
+            metrics = job.run(compose_cfg(["model=tiny-llava", f"task={name}", f"data_dir={data}", *QUIET,
+                                           *judge_overrides(server.url), f"task.tasks.{name}.image_dir={images}",
+                                           f"task.tasks.{name}.max_gen_toks=8"]))
+            run = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["start_time DESC"])[0]
+            assert run.info.status == "FINISHED"
+            assert run.data.tags["prunebench.judge"] == "test-judge" and f"prunebench.judge_prompt.{name}" in run.data.tags
+            assert metrics[f"{name}/judge_unparsed"] == 1 and metrics[f"{name}/judge_cache_hits"] == 0
+            path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=f"predictions/{name}.jsonl")
+            records = [json.loads(line) for line in open(path)]
+            assert len(records) == 6 and all(r["judge_reply"] for r in records)
+            if name == "llava_bench_coco":
+                # LLaVA keeps an unread review as [-1, -1] in the means: 5 x (8, 6) and one (-1, -1)
+                assert [r["scores"] for r in records if not r["judge_parsed"]] == [[-1.0, -1.0]]
+                assert metrics["llava_bench_coco/gpt_eval_llava_all"] == pytest.approx((5 * 6 - 1) / (5 * 8 - 1) * 100)
+                assert metrics["llava_bench_coco/gpt_eval_llava_detail"] == pytest.approx(75.0)
+                assert metrics["llava_bench_coco/judge_requests"] == 6
+                reviews = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="judge/llava_bench_coco.json")
+                assert [r["tuple"] for r in json.load(open(reviews))][:2] == [[-1.0, -1.0], [8.0, 6.0]]
+            else:
+                # MM-Vet: question 2 tried five times then scored 0.0; the others 0.5 at the first try
+                failed = next(r for r in records if not r["judge_parsed"])
+                assert failed["score"] == 0.0 and len(failed["judge_replies"]) == 5
+                assert metrics["mm_vet/judge_requests"] == 5 + 5
+                assert metrics["mm_vet/gpt_eval_score"] == pytest.approx(5 * 0.5 / 6 * 100)
+                assert metrics["mm_vet/math"] == pytest.approx(0.5 * 2 / 3 * 100)  # questions 0, 2 (failed), 4
+                assert metrics["mm_vet/rec"] == pytest.approx(50.0)
+        retries = [b for b in server.requests if "What is 2? |" in user_text(b)]
+        assert [b["temperature"] for b in retries] == [0.0, 0.0, 0.5, 1.0, 1.5]
+        assert user_text(retries[1]).endswith("\nPredict the correctness of the answer (digit): ")
+
+
+def test_the_run_key_follows_the_judge_model_not_where_it_is_served():
+    from prunebench.tracking.run_key import run_key
+
+    def key(*overrides):
+        return run_key(compose_cfg(["model=tiny-llava", "task=mm_vet", *overrides]))
+
+    served = key(*judge_overrides("http://127.0.0.1:1/v1"))
+    assert served == key(*judge_overrides("http://10.0.0.2:8000/v1"), "judge.max_retries=9")
+    assert served != key(*judge_overrides("http://127.0.0.1:1/v1"), "judge.model=another-judge")
+    # a task no judge grades keeps its key whether a judge is set or not
+    assert run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa"])) == run_key(
+        compose_cfg(["model=tiny-llava", "task=easy_vqa", *judge_overrides("http://127.0.0.1:1/v1")]))
