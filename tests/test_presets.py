@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from chat_server import ChatServer, benchmark_judge
 from conftest import FIXTURES, compose_cfg
 from prunebench import job
 from prunebench.paths import CONF_DIR
@@ -19,18 +20,27 @@ from prunebench.plan import DENSE, fixed_overrides, format_plan, main, plan, swe
 from prunebench.tracking.sweep import SweepRunCallback
 from test_classification import glue_tsv
 from test_vision import cifar100, fashion_mnist, food101, image_folder
+from vlm_fixtures import SUITE_TASKS, write_vlm_data
 
 # grid jobs, dense baselines: the README's "Paper presets" table states these
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
-         "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1)}
+         "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1)}
 QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
 LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def judge():
+    """The LLaVA presets' judge: a chat-completions server on 127.0.0.1 with the benchmarks' reply formats."""
+    with ChatServer(benchmark_judge) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, judge):
     """One data_dir in ../shared/data's layout (the benchmark fixtures, GLUE, WikiText-2, two BBH
-    subtasks), an alpaca file, image trees for the vision preset and a stand-in checkpoint path."""
+    subtasks), an alpaca file, image trees for the vision preset and a stand-in checkpoint path; the
+    vision-language benchmarks' files with stand-in images and the judge's URL for the LLaVA presets."""
     root = tmp_path_factory.mktemp("data")
     for folder in (FIXTURES / "benchmarks").iterdir():
         (root / folder.name).symlink_to(folder)
@@ -48,13 +58,23 @@ def data(tmp_path_factory):
     vision = {"imagenet1k": (image_folder(root / "in_val"), image_folder(root / "in_train")),
               "cifar100": (cifar100(root / "c100"),), "food101": (food101(root / "f101"),),
               "fashion_mnist": (fashion_mnist(root / "fm"),)}
-    return root, alpaca, vision
+    vlm_root, images = write_vlm_data(tmp_path_factory.mktemp("vlm"))
+    return root, alpaca, vision, (vlm_root, images, judge)
 
 
 def tiny(name: str, data) -> list[str]:
     """The overrides that put tiny models and local files in place of a preset's real ones."""
-    root, alpaca, vision = data
+    root, alpaca, vision, (vlm_root, images, judge) = data
     common = [f"data_dir={root}", *QUICK]
+    if name.endswith("_llava"):  # the fixtures' ScienceQA questions stand in for its train split
+        tasks = ("vizwiz_vqa", "mm_vet") if name == "hies_llava" else SUITE_TASKS
+        vlm = [f"data_dir={vlm_root}", *QUICK, "model=tiny-llava", f"judge.url={judge}", "judge.model=test-judge",
+               "judge.api_key_env=null", *(f"task.tasks.{t}.image_dir={images}" for t in tasks),
+               *(f"task.tasks.{t}.max_gen_toks=8" for t in tasks if t in ("llava_bench_coco", "llava_bench_wild", "mm_vet"))]
+        if name == "hies_llava":
+            return [*vlm, "calib.n_samples=2"]
+        return [*vlm, "model.text_config.num_hidden_layers=6", "calib.n_samples=2", "calib.task.image_dir=" + str(images),
+                f"calib.task.source.path={vlm_root / 'scienceqa' / 'llava_test_CQM-A.json'}", "calib.allow_eval_split=true"]
     if name.startswith("mop"):  # six blocks: MoP's L steps keep the last two
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", f"calib.path={alpaca}",
                 "calib.n_samples=3", *LATENCY]

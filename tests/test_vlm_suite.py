@@ -21,7 +21,7 @@ PRUNERS = ("none", "magnitude", "heads_his")
 
 def sweep(url: str, data, images, *extra: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llava", f"pruner={','.join(PRUNERS)}",
-                           "sparsity=0.3", "limit=4", "judge=openai_compatible", f"judge.url={url}", "judge.model=test-judge", "judge.api_key_env=null",
+                           "sparsity=0.3", "limit=4", "calib=image_text", "calib.n_samples=2", "judge=openai_compatible", f"judge.url={url}", "judge.model=test-judge", "judge.api_key_env=null",
                            "trainer.enable_progress_bar=false", *suite_overrides(data, images), *extra],
                           capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-4000:]
