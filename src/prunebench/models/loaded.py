@@ -4,17 +4,19 @@ LoadedModel and overrides what differs; the engines stay as they are."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from prunebench.models.counted import CountedTokens
 from prunebench.models.introspection import model_outputs
 
 
 @dataclass
 class LoadedModel:
     """`tokenizer` turns text into ids; `processor` (a vision-language model's, else None) also
-    turns images into model inputs. `max_length`: the positions one sequence may use."""
+    turns images into model inputs. `max_length`: the positions one sequence may use. `counted`:
+    the real tokens of the next forward, set by the engines for routing telemetry."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -22,6 +24,7 @@ class LoadedModel:
     family: str
     max_length: int
     processor: object = None
+    counted: CountedTokens = field(default_factory=CountedTokens, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -64,8 +67,9 @@ class LoadedModel:
         hidden states); on a probe that must give the model's own logits. 1% of the largest logit:
         the two paths run the same kernels, while an unknown scaling or capping moves logits more."""
         probe = (torch.arange(1, 9, device=self.device) % self.vocab_size)[None]
-        want = self.model(input_ids=probe).logits[0].float()
-        got = self.lm_logits(self.decoder()(input_ids=probe).last_hidden_state)[0].float()
+        with self.counted.positions(torch.zeros_like(probe)):  # no task's tokens
+            want = self.model(input_ids=probe).logits[0].float()
+            got = self.lm_logits(self.decoder()(input_ids=probe).last_hidden_state)[0].float()
         gap = float((got - want).abs().max())
         if gap > 1e-2 * max(float(want.abs().max()), 1e-6):
             raise ValueError(f"model {self.name!r} ({type(self.model).__name__}) turns hidden states into logits "
