@@ -294,7 +294,7 @@ def test_prompted_glue_metrics_follow_lm_eval_and_the_glue_average(glue_dir):
 def fixed_loglik_module(monkeypatch, lls: list[list[float]], golds: list[int], metrics: list[str]):
     """The log-likelihood engine's module fed documents whose log-likelihoods are given, in batches of 16."""
     monkeypatch.setattr(loglikelihood_engine, "score_documents",
-                        lambda model, batch: [[(ll, False) for ll in lls[d.document.doc_id]] for d in batch])
+                        lambda model, batch, **options: [[(ll, False) for ll in lls[d.document.doc_id]] for d in batch])
     k = len(lls[0])
     task = MultipleChoiceTask("t", None, "{{q}}", "{{c}}", "{{a}}", metrics=metrics, primary=metrics[0])
     instances = [Instance(i, [Loglikelihood("ctx", f" c{j}") for j in range(k)], {}, g, [2] * k)
