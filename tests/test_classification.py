@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import TINY_MC, compose_cfg, identity_model
@@ -26,7 +27,7 @@ from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.tasks.glue import LAYOUTS, GlueSource
 from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
-from prunebench.validate import ConfigError, validate
+from prunebench.validate import ConfigError, calibration_config, validate
 
 WORDS = "good bad fine awful great terrible movie plot acting the a was is \"odd".split()
 QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
@@ -229,7 +230,36 @@ def test_his_calibrates_on_train_never_the_evaluated_split(glue_dir, store):
     metrics = run_job(base, store)
     assert metrics["sparsity/actual"] == 0.5 and 0 <= metrics["sst2/acc"] <= 1
     with pytest.raises(ConfigError, match="reads data that is evaluated"):
-        validate(compose_cfg([*base, "calib=labelled"]))
+        validate(compose_cfg([*base, "calib=labelled", "task_library@calib.task=sst2"]))
+
+
+@pytest.mark.parametrize("calib", ["glue_train", "labelled"])
+@pytest.mark.parametrize("task", ["cola", "mrpc", "stsb"])
+def test_labelled_calibration_defaults_to_the_evaluated_tasks_own_train_split(glue_dir, calib, task):
+    cfg = compose_cfg(["model=tiny-bert-cls", f"task={task}", f"data_dir={glue_dir}", "pruner=heads_his",
+                       f"calib={calib}", "sparsity=0.5"])
+    validate(cfg)
+    calibration = instantiate(calibration_config(cfg), _convert_="all")
+    assert calibration.task.name == task
+    assert calibration.task.source.describe() == str(glue_dir / "glue" / LAYOUTS[task].folder / "train.tsv")
+
+
+@pytest.mark.parametrize("calib_task, task", [("sst2", "cola"), ("sst2", "mrpc"), ("rte", "stsb")])
+def test_calibration_labels_of_another_task_are_refused_before_any_model_loads(glue_dir, calib_task, task):
+    """SST-2's negative/positive are not CoLA's unacceptable/acceptable though both count two."""
+    cfg = compose_cfg(["model=tiny-bert-cls", f"task={task}", f"data_dir={glue_dir}", "pruner=heads_his",
+                       "calib=glue_train", f"task_library@calib.task={calib_task}", "sparsity=0.5"])
+    with pytest.raises(ConfigError, match=rf"calib='glue_train' draws labelled examples from task {calib_task} "
+                                          rf"\(.*train.tsv\), labels \[.*\], but task {task} is evaluated with "
+                                          rf"labels \[.*\]"):
+        validate(cfg)
+
+
+def test_labelled_calibration_without_a_task_needs_one_evaluated_task(glue_dir):
+    cfg = compose_cfg(["model=tiny-bert-cls", "task=glue", f"data_dir={glue_dir}", "pruner=heads_his",
+                       "calib=glue_train", "sparsity=0.5"])
+    with pytest.raises(ConfigError, match=r"evaluates \['sst2', .*choose one: task_library@calib.task=NAME"):
+        validate(cfg)
 
 
 def test_prompted_glue_for_causal_lms(glue_dir):
@@ -264,7 +294,7 @@ def test_prompted_glue_metrics_follow_lm_eval_and_the_glue_average(glue_dir):
 def fixed_loglik_module(monkeypatch, lls: list[list[float]], golds: list[int], metrics: list[str]):
     """The log-likelihood engine's module fed documents whose log-likelihoods are given, in batches of 16."""
     monkeypatch.setattr(loglikelihood_engine, "score_documents",
-                        lambda model, batch: [[(ll, False) for ll in lls[d.document.doc_id]] for d in batch])
+                        lambda model, batch, **options: [[(ll, False) for ll in lls[d.document.doc_id]] for d in batch])
     k = len(lls[0])
     task = MultipleChoiceTask("t", None, "{{q}}", "{{c}}", "{{a}}", metrics=metrics, primary=metrics[0])
     instances = [Instance(i, [Loglikelihood("ctx", f" c{j}") for j in range(k)], {}, g, [2] * k)

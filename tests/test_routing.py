@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
 from conftest import MC_FIXTURE, compose_cfg, reordered
+from prunebench.evaluation.generate import Generator
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.job import run
 from prunebench.pruners.routing import TopKRouting, TopPRouting, moe_routers
@@ -184,6 +185,106 @@ def test_only_real_tokens_of_a_scored_batch_are_counted():
     shared = [common_prefix_len(d.inputs) for d in docs]
     tokens = sum(shared) + sum(len(seq) - n for d, n in zip(docs, shared) for seq in d.inputs)
     assert pruner.task_artifacts("t")["routing/t.json"]["tokens"] == tokens
+
+
+class Requests:
+    """One document's requests as the scorer reads them, from token lists (`inputs[i]` fed whole,
+    its last `cont_lens[i]` tokens scored)."""
+
+    def __init__(self, inputs: list[list[int]], cont_len: int = 2):
+        self.inputs, self.cont_lens = inputs, [cont_len] * len(inputs)
+        self.conts = [seq[-cont_len:] for seq in inputs]
+
+
+def histogram(pruner, task: str) -> dict:
+    return {layer: row["tokens_by_experts_used"] for layer, row in
+            pruner.task_artifacts(task)["routing/" + task + ".json"]["layers"].items()}
+
+
+def summed(histograms: list[dict]) -> dict:
+    out: dict = {}
+    for h in histograms:
+        for layer, counts in h.items():
+            for n, c in counts.items():
+                out.setdefault(layer, {}).setdefault(n, 0)
+                out[layer][n] += c
+    return out
+
+
+def test_documents_without_a_shared_prefix_count_their_real_tokens_as_when_scored_alone():
+    """Choices that differ from their first token run right-padded with no mask (causal, so the
+    scores need none); the padding must still not be counted: the batch's histogram is the sum of
+    each document's alone."""
+    loaded = tiny("tiny-olmoe", router_scale=20.0)
+    gen = torch.Generator().manual_seed(1)
+    docs = [Requests([torch.randint(3, len(loaded.tokenizer), (n,), generator=gen).tolist() for n in lengths])
+            for lengths in ([9, 4, 6], [3, 8])]
+    assert all(common_prefix_len(d.inputs) == 0 for d in docs)
+    pruner = TopPRouting("moe_topp", threshold=0.6)
+    pruner.apply(loaded, None, 0.5)
+    alone = []
+    for i, doc in enumerate(docs):
+        pruner.start_task(f"alone{i}")
+        score_documents(loaded, [doc])
+        alone.append(histogram(pruner, f"alone{i}"))
+    pruner.start_task("t")
+    score_documents(loaded, docs)
+    assert pruner.task_artifacts("t")["routing/t.json"]["tokens"] == sum(len(s) for d in docs for s in d.inputs)
+    assert histogram(pruner, "t") == summed(alone)
+
+
+def test_a_shared_context_counts_once_per_option_under_opencompass_and_the_scores_do_not_move():
+    loaded = tiny("tiny-mixtral")
+    gen = torch.Generator().manual_seed(2)
+    context = torch.randint(3, len(loaded.tokenizer), (12,), generator=gen).tolist()
+    doc = Requests([context + torch.randint(3, len(loaded.tokenizer), (n,), generator=gen).tolist() for n in (2, 3, 5)])
+    pruner = TopKRouting("moe_topk", k=1)
+    pruner.apply(loaded, None, 0.5)
+    pruner.start_task("once")
+    once = score_documents(loaded, [doc])
+    assert pruner.task_artifacts("once")["routing/once.json"]["tokens"] == 12 + 2 + 3 + 5
+    pruner.start_task("per_option")
+    assert score_documents(loaded, [doc], context_per_option=True) == once
+    assert pruner.task_artifacts("per_option")["routing/per_option.json"]["tokens"] == 3 * 12 + 2 + 3 + 5
+
+
+def test_the_lm_head_probe_is_no_task_token():
+    loaded = tiny("tiny-qwen2-moe")
+    pruner = TopKRouting("moe_topk", k=1)
+    pruner.apply(loaded, None, 0.5)
+    pruner.start_task("t")
+    loaded.check_lm_head()
+    assert pruner.task_artifacts("t")["routing/t.json"]["tokens"] == 0
+
+
+def test_generation_counts_rows_only_until_they_finish():
+    """Rows that stop early are fed padding under a mask of ones until the batch stops: a batch
+    counts what each prompt counts alone, its prompt and the tokens it generated before its last."""
+    loaded = tiny("tiny-mixtral", router_scale=20.0)
+    tok = loaded.tokenizer
+    prompts = [tok.encode(text) for text in ("The quick brown fox", "Question: What is", "How many legs do horses")]
+    with torch.no_grad():
+        outs = [loaded.model.generate(input_ids=torch.tensor([p]), max_new_tokens=10, do_sample=False,
+                                      pad_token_id=tok.pad_token_id)[0, len(p):].tolist() for p in prompts]
+    # an EOS id that ends some rows early and others later (or never)
+    firsts = {t: tuple(out.index(t) + 1 if t in out else len(out) for out in outs)
+              for t in {t for out in outs for t in out}}
+    eos, ends = max(firsts.items(), key=lambda kv: (len(set(kv[1])), -min(kv[1])))
+    assert len(set(ends)) >= 2 and min(ends) < 10, ends
+    loaded.model.generation_config.eos_token_id = eos
+    generator = Generator(loaded, until=[], max_new_tokens=10)
+    pruner = TopPRouting("moe_topp", threshold=0.6)
+    pruner.apply(loaded, None, 0.5)
+    alone = []
+    for i, prompt in enumerate(prompts):
+        pruner.start_task(f"alone{i}")
+        generator([prompt])
+        alone.append(histogram(pruner, f"alone{i}"))
+        assert pruner.task_artifacts(f"alone{i}")[f"routing/alone{i}.json"]["tokens"] == len(prompt) + ends[i] - 1
+    pruner.start_task("t")
+    generator(prompts)
+    assert pruner.task_artifacts("t")["routing/t.json"]["tokens"] == sum(len(p) + n - 1 for p, n in zip(prompts, ends))
+    assert histogram(pruner, "t") == summed(alone)
 
 
 def test_unsupported_models_and_bad_settings_fail_clearly():

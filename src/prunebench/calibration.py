@@ -121,7 +121,10 @@ class TaskCalibration(Calibration):
 class LabelledCalibration:
     """Labelled examples of a classification task (GLUE train, an image train split) for scorers
     that need the task loss (HIS, HIES on classifiers): `batches(loaded, batch_size)` gives model
-    inputs with `labels`, which pruners/structured.calibration_batches uses as they are."""
+    inputs with `labels`, which pruners/structured.calibration_batches uses as they are.
+
+    `task`: its definition; left unset in the config it is the evaluated task's own train split
+    (validate.calibration_config)."""
 
     def __init__(self, task, name: str = "labelled", n_samples: int = 32, seed: int = 0,
                  allow_eval_split: bool = False):
@@ -132,6 +135,20 @@ class LabelledCalibration:
 
     def check(self) -> None:
         self.task.check()
+
+    def check_labels(self, tasks: dict) -> None:
+        """Raise ValueError when an evaluated task names its classes otherwise: HIS computed from
+        another task's labels (SST-2's for a CoLA model) would rank heads by the wrong loss. Only
+        tasks whose classes the definition names (text classification) are compared."""
+        mine = getattr(self.task, "labels", None)
+        for name, task in tasks.items():
+            theirs = getattr(task, "labels", None)
+            if mine is not None and theirs is not None and list(mine) != list(theirs):
+                raise ValueError(f"calib={self.name!r} draws labelled examples from task {self.task.name} "
+                                 f"({self.task.source.describe()}), labels {list(mine) or ['(regression)']}, but "
+                                 f"task {name} is evaluated with labels {list(theirs) or ['(regression)']}; leave "
+                                 f"calib.task unset (the evaluated task's own train split) or choose "
+                                 f"task_library@calib.task={name}")
 
     def evaluated_overlap(self, tasks: dict) -> dict[str, set[str]]:
         mine = task_data_ids(self.task)

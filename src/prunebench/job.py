@@ -20,7 +20,7 @@ from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
-from prunebench.validate import ConfigError, validate
+from prunebench.validate import ConfigError, calibration_config, validate
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
 def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
     """What a pruner's scores depend on: the jobs of a sweep over ratios share them."""
     return {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
-            "calib": OmegaConf.to_container(cfg.calib, resolve=True) if calibrated else None}
+            "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
@@ -165,7 +165,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     start = time.perf_counter()
     scores = None
     if not dense:
-        calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
+        calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
         scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
         mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
     metrics["time/score_s"] = time.perf_counter() - start

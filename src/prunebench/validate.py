@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 from pathlib import Path
 
 from hydra.utils import get_class, get_method, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
+from prunebench.calibration import LabelledCalibration
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 
@@ -47,6 +49,33 @@ def check_tower(cfg: DictConfig, pruner_cls) -> None:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune the {tower} tower of model={cfg.model.name!r}; "
                           f"it prunes: {sorted(pruner_cls.towers)} (vision-tower pruning is head pruning: "
                           f"pruner=heads_his|heads_entropy|heads_l2|heads_random|hies)")
+
+
+def calibration_config(cfg: DictConfig) -> DictConfig:
+    """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
+    overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
+    train split, the file it was fine-tuned on, not the evaluated one."""
+    calib = cfg.calib
+    target = calib.get("_target_")
+    if target is None or not issubclass(get_class(target), LabelledCalibration):
+        return calib
+    task = calib.get("task")
+    if task is not None and task.get("_target_") is not None:
+        return calib
+    evaluated = list(cfg.task.get("tasks") or {})
+    if len(evaluated) != 1:
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
+                          f"task_library@calib.task=NAME")
+    own = cfg.task.tasks[evaluated[0]]
+    if "split" not in own.get("source", {}):
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"task {evaluated[0]}'s source ({own.source.get('_target_')}) has no split; give its "
+                          f"train data: task_library@calib.task=NAME calib.task.source...=...")
+    out = copy.deepcopy(calib)  # still under the root config, so `${seed}` and the like resolve
+    with open_dict(out):
+        out.task = OmegaConf.merge(own, {"source": {"split": "train", "path": None}}, task or {})
+    return out
 
 
 def validate(cfg: DictConfig) -> dict:
@@ -100,8 +129,12 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(f"pruner={cfg.pruner.name!r} needs calibration data, but calib={cfg.calib.name!r}; "
                               f"choose one, e.g. calib=wikitext2 or calib=file calib.path=FILE")
         try:
-            calib = instantiate(cfg.calib, _convert_="all")
+            calib = instantiate(calibration_config(cfg), _convert_="all")
             calib.check()
+            if isinstance(calib, LabelledCalibration):
+                calib.check_labels(tasks)
+        except ConfigError:
+            raise
         except FileNotFoundError as err:
             raise ConfigError(str(err)) from err
         except Exception as err:

@@ -5,7 +5,11 @@ rows finish independently, a finished row only receives padding). Stop strings a
 device: transformers' StopStringCriteria matches them against the last few token ids through
 per-token tables built once, so no step decodes text. The text returned is the decoded generation
 cut before the first occurrence of each stop string (lm-eval's rule), so it does not
-depend on the step at which a row stopped."""
+depend on the step at which a row stopped.
+
+A row's real tokens, for routing telemetry (`LoadedModel.counted`), are its prompt and the tokens it
+generated before its last one: after that transformers feeds it padding under an attention mask of
+ones until the whole batch stops."""
 
 from __future__ import annotations
 
@@ -27,7 +31,26 @@ class GeneratedStopStrings(StoppingCriteria):
         self.prompt_width = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        return self.inner(input_ids[:, self.prompt_width:], scores)
+        self.last = self.inner(input_ids[:, self.prompt_width:], scores)
+        return self.last
+
+
+class FinishedRows(StoppingCriteria):
+    """Stops nothing: after each step tells `counted` which rows transformers has just finished, by
+    its own rules (the stop strings above, the generation config's EOS ids); the length limit ends
+    every row at once, with no forward after it."""
+
+    def __init__(self, counted, stops: GeneratedStopStrings | None, eos_ids):
+        self.counted, self.stops = counted, stops
+        self.eos = torch.tensor([] if eos_ids is None else [eos_ids] if isinstance(eos_ids, int) else list(eos_ids),
+                                dtype=torch.long)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        done = torch.isin(input_ids[:, -1], self.eos.to(input_ids.device))
+        if self.stops is not None:
+            done = done | self.stops.last.to(done.device)
+        self.counted.finished(done)
+        return torch.zeros_like(done)
 
 
 def cut_at_stops(text: str, stops: list[str]) -> str:
@@ -63,8 +86,11 @@ class Generator:
         if self.stops is not None:
             self.stops.prompt_width = width
             criteria.append(self.stops)
-        out = self.model.generate(**{key: value.to(device) for key, value in inputs.items()},
-                                  max_new_tokens=self.max_new_tokens, do_sample=False,
-                                  stopping_criteria=criteria, pad_token_id=self.pad_id)
+        counted = self.model.counted
+        criteria.append(FinishedRows(counted, self.stops, self.model.model.generation_config.eos_token_id))
+        with counted.generating():
+            out = self.model.generate(**{key: value.to(device) for key, value in inputs.items()},
+                                      max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      stopping_criteria=criteria, pad_token_id=self.pad_id)
         texts = self.tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)
         return [cut_at_stops(text, self.until) for text in texts]

@@ -12,7 +12,11 @@ windows of its unpadded sequence: the result equals the plain one-sequence-per-c
 Only the positions that predict continuation tokens go through the LM head and log-softmax, each
 position once even when several choices score from it (at least the context's last token): with
 Gemma's 262k vocabulary the full [batch, length, vocab] tensor that lm-eval builds is most of its
-cost."""
+cost.
+
+Routing telemetry (MoE) counts the real tokens of every forward (`LoadedModel.counted`; padding
+never): a shared context once per document as it is computed, or with `context_per_option` once per
+option, as OpenCompass's PPL protocol runs every option's whole text as its own sequence."""
 
 from __future__ import annotations
 
@@ -86,43 +90,49 @@ class _ScoredPositions:
         return torch.cat(self.parts)
 
 
-def _prefix_pass(decoder, prefixes: list[list[int]], device):
-    """Left-padded prefixes -> (hidden [n, width, H], cache, padding mask [n, width])."""
+def _prefix_pass(model: LoadedModel, prefixes: list[list[int]], stands_for: list[int], device):
+    """Left-padded prefixes, each counted `stands_for` times by telemetry -> (hidden [n, width, H],
+    cache, padding mask [n, width])."""
     ids, mask = left_pad(prefixes, 0)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                  use_cache=True)
+    with model.counted.positions(mask * torch.tensor(stands_for)[:, None]):
+        out = model.decoder()(input_ids=ids.to(device), attention_mask=mask.to(device),
+                              position_ids=positions.to(device), use_cache=True)
     return out.last_hidden_state, out.cache, mask
 
 
-def _suffix_pass(decoder, suffixes: list[list[int]], starts: list[int], cache, cache_rows: list[int],
+def _suffix_pass(model: LoadedModel, suffixes: list[list[int]], starts: list[int], cache, cache_rows: list[int],
                  prefix_mask: torch.Tensor | None, device) -> torch.Tensor:
-    """Right-padded suffixes (harmless: causal) starting at positions `starts`, each attending to
-    row `cache_rows[i]` of the prefix cache -> hidden [n, width, H]."""
+    """Right-padded suffixes (harmless: causal, so without a cache no mask is passed; telemetry
+    still learns which positions are real) starting at positions `starts`, each attending to row
+    `cache_rows[i]` of the prefix cache -> hidden [n, width, H]."""
     width = max(len(s) for s in suffixes)
     ids = torch.zeros((len(suffixes), width), dtype=torch.long)
     for row, suffix in enumerate(suffixes):
         ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
     positions = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
+    real = (torch.arange(width)[None, :] < torch.tensor([len(s) for s in suffixes])[:, None]).long()
     mask = None
     if cache is not None:
         index = torch.tensor(cache_rows)
         cache.batch_select_indices(index.to(device))
-        # padding is masked too, so routing telemetry (MoE) never counts it as real tokens
-        real = (torch.arange(width)[None, :] < torch.tensor([len(s) for s in suffixes])[:, None]).long()
         mask = torch.cat([prefix_mask[index], real], 1).to(device)
-    out = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device), cache=cache,
-                  use_cache=False)
+    with model.counted.positions(real):
+        out = model.decoder()(input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device),
+                              cache=cache, use_cache=False)
     return out.last_hidden_state
 
 
-def _run_forwards(decoder, docs: Sequence[Requests], shared: list[int], device) -> _ScoredPositions:
+def _run_forwards(model: LoadedModel, docs: Sequence[Requests], shared: list[int], context_per_option: bool,
+                  device) -> _ScoredPositions:
     scored = _ScoredPositions()
     order = sorted(range(len(docs)), key=lambda d: -shared[d])
     for group in padded_runs(order, lambda d: shared[d]):
         cache, prefix_mask = None, None
         if shared[group[0]]:
-            hidden, cache, prefix_mask = _prefix_pass(decoder, [docs[d].inputs[0][:shared[d]] for d in group], device)
+            stands_for = [len(docs[d].inputs) if context_per_option else 1 for d in group]
+            hidden, cache, prefix_mask = _prefix_pass(model, [docs[d].inputs[0][:shared[d]] for d in group],
+                                                      stands_for, device)
             width, picks = hidden.shape[1], []
             for row, d in enumerate(group):
                 doc = docs[d]
@@ -137,7 +147,7 @@ def _run_forwards(decoder, docs: Sequence[Requests], shared: list[int], device) 
         for i, run in enumerate(runs):
             # selecting cache rows replaces the cache's tensors: every run but the last gets a copy
             run_cache = copy.deepcopy(cache) if cache is not None and i < len(runs) - 1 else cache
-            hidden = _suffix_pass(decoder, [docs[d].inputs[c][shared[d]:] for d, c in run], [shared[d] for d, _ in run],
+            hidden = _suffix_pass(model, [docs[d].inputs[c][shared[d]:] for d, c in run], [shared[d] for d, _ in run],
                                   run_cache, [cache_row[d] for d, _ in run], prefix_mask, device)
             picks = []
             for row, (d, c) in enumerate(run):
@@ -148,12 +158,13 @@ def _run_forwards(decoder, docs: Sequence[Requests], shared: list[int], device) 
 
 
 @torch.inference_mode()
-def score_documents(model: LoadedModel, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES
-                    ) -> list[list[tuple[float, bool]]]:
-    """Per document, per choice: (sum log p(continuation), continuation is the greedy decode)."""
+def score_documents(model: LoadedModel, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES,
+                    context_per_option: bool = False) -> list[list[tuple[float, bool]]]:
+    """Per document, per choice: (sum log p(continuation), continuation is the greedy decode).
+    `context_per_option`: telemetry counts a shared context once per choice (numerics unchanged)."""
     device = model.device
     shared = [common_prefix_len(doc.inputs) for doc in docs]
-    scored = _run_forwards(model.decoder(), docs, shared, device)
+    scored = _run_forwards(model, docs, shared, context_per_option, device)
     hidden = scored.hidden()
 
     entry_rows, targets = [], []

@@ -94,11 +94,14 @@ class LoglikelihoodModule(L.LightningModule):
         self.model, self.adapter, self.task = model.model, model, task
         self.metrics = torch.nn.ModuleDict(metrics)
         self.records: list[dict] = []
+        # OpenCompass runs each option's whole text alone: its shared context counts once per option
+        self.context_per_option = getattr(task, "loglikelihood_scoring", CONTINUATION) == WHOLE_TEXT
 
     def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
+        scores = score_documents(self.adapter, batch, context_per_option=self.context_per_option)
         records = [self.task.process_results(doc.document, [LoglikelihoodResponse(ll, greedy, n) for (ll, greedy), n
                                                             in zip(scored, doc.cont_lens)])
-                   for doc, scored in zip(batch, score_documents(self.adapter, batch))]
+                   for doc, scored in zip(batch, scores)]
         update_from_records(self.metrics, records)
         self.records += records
         for name, metric in self.metrics.items():

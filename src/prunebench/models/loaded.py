@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prunebench.models.counted import CountedTokens
 from prunebench.models.introspection import model_outputs
 
 
 @dataclass
 class LoadedModel:
     """`tokenizer` turns text into ids; `processor` (a vision-language model's, else None) also
-    turns images into model inputs. `max_length`: the positions one sequence may use."""
+    turns images into model inputs. `max_length`: the positions one sequence may use. `counted`:
+    the real tokens of the next forward, set by the engines for routing telemetry."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -23,6 +25,7 @@ class LoadedModel:
     max_length: int
     processor: object = None
     _head_checked: bool = field(default=False, init=False, repr=False)
+    counted: CountedTokens = field(default_factory=CountedTokens, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -69,8 +72,9 @@ class LoadedModel:
         if self._head_checked:
             return
         probe = (torch.arange(1, 9, device=self.device) % self.vocab_size)[None]
-        want = self.model(input_ids=probe).logits[0].float()
-        got = self.lm_logits(self.decoder()(input_ids=probe).last_hidden_state)[0].float()
+        with self.counted.positions(torch.zeros_like(probe)):  # no task's tokens
+            want = self.model(input_ids=probe).logits[0].float()
+            got = self.lm_logits(self.decoder()(input_ids=probe).last_hidden_state)[0].float()
         gap = float((got - want).abs().max())
         if gap > 1e-2 * max(float(want.abs().max()), 1e-6):
             raise ValueError(f"model {self.name!r} ({type(self.model).__name__}) turns hidden states into logits "

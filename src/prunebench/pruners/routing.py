@@ -104,7 +104,7 @@ class RoutingPruner(Pruner):
         routers = moe_routers(loaded.model)
         for router in routers.values():
             self.check_model(router)
-        self.telemetry = RoutingTelemetry(loaded.model, routers)
+        self.telemetry = RoutingTelemetry(loaded.model, routers, loaded.counted)
         for layer, router in routers.items():
             router.register_forward_hook(self._rerouter(layer, router))
         native_k = next(iter(routers.values())).top_k

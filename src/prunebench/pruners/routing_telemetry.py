@@ -1,13 +1,16 @@
 """What re-routing did during one task: how many experts each token ran in each MoE layer, and the
 parameters a token therefore activated.
 
-Only real tokens count. The evaluators pad their batches and mark the padding in the 2D attention
-mask they give the decoder, which a pre-hook reads; a call without a mask has no padding."""
+Only real tokens count: a pre-hook on the decoder reads, for each forward, what each position stands
+for from the engines' side channel (models.counted: finished generation rows, unmasked right padding,
+a shared context standing for one sequence per option) and else from the 2D attention mask."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from prunebench.models.counted import CountedTokens
 
 
 def routed_block(model: nn.Module, router: nn.Module) -> nn.Module:
@@ -17,7 +20,7 @@ def routed_block(model: nn.Module, router: nn.Module) -> nn.Module:
 
 
 class RoutingTelemetry:
-    def __init__(self, model: nn.Module, routers: dict[int, nn.Module]):
+    def __init__(self, model: nn.Module, routers: dict[int, nn.Module], counted: CountedTokens):
         self.num_experts = {layer: r.num_experts for layer, r in routers.items()}
         self.native_k = {layer: r.top_k for layer, r in routers.items()}
         self.expert_params = {
@@ -27,23 +30,23 @@ class RoutingTelemetry:
         self.shared_params = self.total_params - sum(
             n * self.expert_params[layer] for layer, n in self.num_experts.items())
         self.histograms: dict[int, torch.Tensor] = {}
-        self._real: torch.Tensor | None = None
+        self.counted = counted
+        self._counts: torch.Tensor | None = None
         model.get_decoder().register_forward_pre_hook(self._note_tokens, with_kwargs=True)
 
     def _note_tokens(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        width = (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
-        mask = kwargs.get("attention_mask")
-        self._real = mask[:, -width:].reshape(-1).bool() if mask is not None and mask.dim() == 2 else None
+        batch, width = (ids if ids is not None else kwargs["inputs_embeds"]).shape[:2]
+        device = next(module.parameters()).device
+        self._counts = self.counted.of(batch, width, kwargs.get("attention_mask"), device)
 
     def reset(self) -> None:
         self.histograms = {}
 
     def record(self, layer: int, kept: torch.Tensor) -> None:
         """`kept`: experts used by each token of the flattened [batch x length] input of the layer."""
-        if self._real is not None:
-            kept = kept[self._real]
-        counts = torch.bincount(kept, minlength=self.num_experts[layer] + 1)
+        counts = torch.zeros(self.num_experts[layer] + 1, dtype=torch.long, device=kept.device)
+        counts.scatter_add_(0, kept.long(), self._counts.to(kept.device))
         self.histograms[layer] = self.histograms.get(layer, 0) + counts
 
     def per_layer(self) -> dict[int, tuple[float, list[int]]]:
