@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_MC
+from conftest import TINY_MC, pause_process
 from prunebench.tracking import claim
 from prunebench.tracking.store import prepare_sqlite
 
@@ -55,22 +55,12 @@ def wait_for_claim(uri: str) -> str:
     raise AssertionError("the first worker never claimed its key")
 
 
-def stopped(pid: int) -> bool:
-    """Every thread of the process stopped (state T), heartbeat thread included."""
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for task in tasks)
-
-
 def pause(proc: subprocess.Popen, uri: str) -> None:
     """SIGSTOP while the test holds the store's write lock: the worker is then between writes (or
     waiting for the lock, which holds nothing), so the paused worker cannot block another's writes."""
     with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")  # waits for a write of the worker in progress to commit
-        os.kill(proc.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while not stopped(proc.pid):
-            assert time.monotonic() < deadline, f"worker {proc.pid} never stopped"
-            time.sleep(0.01)
+        pause_process(proc)
         db.execute("ROLLBACK")
 
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
 from prunebench.tasks.build import build_tasks
+from prunebench.tracking import server
 
 
 # accelerate's named placements (a {module: device} mapping is accepted as it is)
@@ -53,6 +54,7 @@ def validate(cfg: DictConfig) -> dict:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r} "
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
     check_device_map(cfg.model)
+    server.check(cfg.tracking)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
         if float(ratio) > 0:
