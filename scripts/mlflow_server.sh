@@ -78,6 +78,9 @@ default_permission = EDIT
 database_uri = $db_uri/prunebench_auth
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+# a sign-in checked once a minute per worker, not at every request (each check hashes the password,
+# and every job sends a heartbeat): a changed or revoked password takes up to 60 s to apply
+auth_cache_ttl_seconds = 60
 EOF
 port=${3:-$(cat "$dir"/port 2>/dev/null || echo 5000)}
 echo "$port" > "$dir"/port
