@@ -141,3 +141,28 @@ def test_holder_gone_knows_dead_local_processes_and_trusts_heartbeats_elsewhere(
     assert claim.holder_gone(fake_run("elsewhere:1", now), "me", 300) is None
     assert "no heartbeat" in claim.holder_gone(fake_run("elsewhere:1", now - 301), "me", 300)
     assert "earlier attempt" in claim.holder_gone(fake_run("slurm:7", now), "slurm:7", 300)
+
+
+def test_a_claimant_taken_over_before_its_own_check_looks_again(store, monkeypatch):
+    """A worker stalled (paused, swapped out) between creating its claim and checking it, longer
+    than stale_s: another worker ended the claim KILLED and finished the key meanwhile."""
+    client = MlflowClient(store)
+    prepare_sqlite(store)
+    exp = client.create_experiment("claims")
+    key_tags = {"prunebench.run_key": "k"}
+    real = claim.key_runs
+    calls = []
+
+    def key_runs(client_, exp_id, key):
+        calls.append(key)
+        if len(calls) == 2:  # the claimant's own check, right after it created its run
+            (mine,) = real(client_, exp_id, key)
+            client_.set_terminated(mine.info.run_id, "KILLED")
+            other = client_.create_run(exp_id, tags={**key_tags, claim.WORKER_TAG: "elsewhere:1"})
+            client_.set_terminated(other.info.run_id, "FINISHED")
+        return real(client_, exp_id, key)
+
+    monkeypatch.setattr(claim, "key_runs", key_runs)
+    settings = SimpleNamespace(heartbeat_s=0.01, stale_s=300)
+    assert claim.acquire(store, exp, "k", "job", key_tags, settings, skip_finished=True) is None
+    assert sorted(r.info.status for r in real(client, exp, "k")) == ["FINISHED", "KILLED"]
