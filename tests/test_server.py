@@ -206,6 +206,8 @@ def test_server_settings_are_checked_before_a_job_starts(monkeypatch):
     tracking_server.check(tracking())
     with pytest.raises(ConfigError, match="tracking.uri='sqlite:///x.db'"):
         tracking_server.check(OmegaConf.create({"uri": "sqlite:///x.db", "http": {}}))
+    with pytest.raises(ConfigError, match="holds a sign-in"):
+        tracking_server.check(OmegaConf.create({"uri": "http://alice:secret@host:5000", "http": {}}))
     with pytest.raises(ConfigError, match=r"max_retries=11: use an integer \[0, 10\]"):
         tracking_server.check(tracking(max_retries=11))
     with pytest.raises(ConfigError, match="backoff_factor=0.5: use an integer"):

@@ -6,6 +6,7 @@ through the environment variables it reads at every request."""
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 from prunebench.api.errors import ConfigError
 from prunebench.tracking.store import tracking_uri
@@ -28,6 +29,9 @@ def check(tracking) -> None:
     if not uri.startswith(("http://", "https://")):
         raise ConfigError(f"tracking=server needs the server's address, got tracking.uri={uri!r}: "
                           f"set tracking.uri=http://host:port (or MLFLOW_TRACKING_URI), or use tracking=local")
+    if urlsplit(uri).username is not None:
+        raise ConfigError(f"tracking.uri holds a sign-in ({urlsplit(uri).hostname}): the URI is logged with the run's "
+                          f"parameters, so give the credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
     given = [name for name in CREDENTIALS if os.environ.get(name)]
     if len(given) == 1:
         missing = next(name for name in CREDENTIALS if name not in given)
