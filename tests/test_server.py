@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,6 +74,7 @@ def server():
                               stop=lambda: script("stop"), start=lambda: script("start"))
     finally:
         script("stop")
+        shutil.rmtree(folder, ignore_errors=True)  # the database's files: tens of MB per run
 
 
 @contextmanager
