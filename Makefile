@@ -10,7 +10,11 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 LIMIT ?= 40
 RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=$(LIMIT)
 
-.PHONY: install test run ui report bench-gpu clean
+# a team's MLflow server (PostgreSQL, basic auth, proxied artifacts) under SERVER_DIR; data kept across restarts
+SERVER_DIR ?= mlflow-server
+SERVER_PORT ?= 5000
+
+.PHONY: install test run ui server server-stop report bench-gpu clean
 
 install: $(STAMP)
 
@@ -18,7 +22,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev,ref]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev,ref,server]' $(TORCH_PIN)
 	touch $@
 
 test: $(STAMP)
@@ -33,6 +37,13 @@ report: $(STAMP)
 
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+
+# MLFLOW_AUTH_ADMIN_PASSWORD=... make server (HOST=0.0.0.0 for a team on other machines); docs/cluster.md
+server: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/mlflow_server.sh start $(SERVER_DIR) $(SERVER_PORT)
+
+server-stop:
+	bash scripts/mlflow_server.sh stop $(SERVER_DIR)
 
 # dense vs pruned LLaMA-2-7B-shaped latency table on a GPU machine (fits in 5 minutes)
 bench-gpu: $(STAMP)

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,17 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+def pause_process(proc: subprocess.Popen, guard_s: float = 300) -> None:
+    """SIGSTOP, returning once every thread of the process (its heartbeat thread too) has stopped:
+    a signal to another process is delivered asynchronously."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + guard_s
+    tasks = Path(f"/proc/{proc.pid}/task")
+    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, f"process {proc.pid} never stopped"
+        time.sleep(0.01)
 
 
 def identity_model() -> LoadedModel:

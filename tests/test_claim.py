@@ -1,23 +1,27 @@
 """Run-key claims between real worker processes: one runs a key, a second waits for it, a dead or
 silent holder is taken over, and a key ends with one FINISHED run and nothing left RUNNING.
 
-The workers are paused (SIGSTOP) and killed (SIGKILL) at the moment their claim is in the store, so
-each interleaving is forced, not hoped for."""
+The workers are paused (SIGSTOP) and killed (SIGKILL) once their claim is in the store and their job
+has begun (its parameters logged), and paused only while the test holds the store's write lock, so a
+paused worker holds no lock the others wait on: each interleaving is forced, and every wait is on a
+condition (a run's state, a log line, a process stopped), never on a wall-clock margin."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
 
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_MC
+from conftest import TINY_MC, pause_process
 from prunebench.tracking import claim
 from prunebench.tracking.store import prepare_sqlite
 
@@ -40,13 +44,24 @@ def key_runs(uri: str):
 
 
 def wait_for_claim(uri: str) -> str:
+    """The claimed run's id once its job has begun: its parameters are logged after the claim is
+    settled (`claim.acquire`), so the holder is past the claim's own checks."""
     deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
-        running = [r for r in key_runs(uri) if r.info.status == "RUNNING"]
+        running = [r for r in key_runs(uri) if r.info.status == "RUNNING" and r.data.params]
         if running:
             return running[0].info.run_id
         time.sleep(0.2)
     raise AssertionError("the first worker never claimed its key")
+
+
+def pause(proc: subprocess.Popen, uri: str) -> None:
+    """SIGSTOP while the test holds the store's write lock: the worker is then between writes (or
+    waiting for the lock, which holds nothing), so the paused worker cannot block another's writes."""
+    with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")  # waits for a write of the worker in progress to commit
+        pause_process(proc)
+        db.execute("ROLLBACK")
 
 
 def read_until(proc: subprocess.Popen, text: str) -> list[str]:
@@ -71,7 +86,7 @@ def statuses(uri: str) -> list[str]:
 def test_a_second_worker_waits_for_the_live_holder_then_skips(store):
     first = worker()
     wait_for_claim(store)
-    os.kill(first.pid, signal.SIGSTOP)  # holds the claim, heartbeat fresh enough (stale_s is 300)
+    pause(first, store)  # holds the claim, heartbeat fresh enough (stale_s is 300)
     second = worker()
     try:
         read_until(second, "waiting for it")
@@ -99,8 +114,9 @@ def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store):
 def test_a_silent_holder_is_taken_over_and_does_not_finish_when_it_wakes(store):
     first = worker()
     silent = wait_for_claim(store)
-    os.kill(first.pid, signal.SIGSTOP)
+    pause(first, store)  # its heartbeat stops with it
     try:
+        # waits while the paused holder's last beat is under 1 s old, then takes the claim over
         second = worker("tracking.claim.stale_s=1")
         finish(second)
     finally:
@@ -125,3 +141,28 @@ def test_holder_gone_knows_dead_local_processes_and_trusts_heartbeats_elsewhere(
     assert claim.holder_gone(fake_run("elsewhere:1", now), "me", 300) is None
     assert "no heartbeat" in claim.holder_gone(fake_run("elsewhere:1", now - 301), "me", 300)
     assert "earlier attempt" in claim.holder_gone(fake_run("slurm:7", now), "slurm:7", 300)
+
+
+def test_a_claimant_taken_over_before_its_own_check_looks_again(store, monkeypatch):
+    """A worker stalled (paused, swapped out) between creating its claim and checking it, longer
+    than stale_s: another worker ended the claim KILLED and finished the key meanwhile."""
+    client = MlflowClient(store)
+    prepare_sqlite(store)
+    exp = client.create_experiment("claims")
+    key_tags = {"prunebench.run_key": "k"}
+    real = claim.key_runs
+    calls = []
+
+    def key_runs(client_, exp_id, key):
+        calls.append(key)
+        if len(calls) == 2:  # the claimant's own check, right after it created its run
+            (mine,) = real(client_, exp_id, key)
+            client_.set_terminated(mine.info.run_id, "KILLED")
+            other = client_.create_run(exp_id, tags={**key_tags, claim.WORKER_TAG: "elsewhere:1"})
+            client_.set_terminated(other.info.run_id, "FINISHED")
+        return real(client_, exp_id, key)
+
+    monkeypatch.setattr(claim, "key_runs", key_runs)
+    settings = SimpleNamespace(heartbeat_s=0.01, stale_s=300)
+    assert claim.acquire(store, exp, "k", "job", key_tags, settings, skip_finished=True) is None
+    assert sorted(r.info.status for r in real(client, exp, "k")) == ["FINISHED", "KILLED"]

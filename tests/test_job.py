@@ -86,7 +86,9 @@ def test_failure_during_the_job_marks_the_run_failed_with_traceback(store):
     assert "traceback.txt" in {a.path for a in MlflowClient(store).list_artifacts(df.run_id[0])}
 
 
-@pytest.mark.parametrize("override, message", [("sparsity=1.5", "sparsity=1.5"), ("task=nope", "task/nope")])
+@pytest.mark.parametrize("override, message", [("sparsity=1.5", "sparsity=1.5"), ("task=nope", "task/nope"),
+                                               # the store fixture's MLFLOW_TRACKING_URI is a SQLite file
+                                               ("tracking=server", "tracking=server needs the server's address")])
 def test_cli_rejects_bad_values_quickly(store, override, message):
     proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], override],
                           capture_output=True, text=True, timeout=120)

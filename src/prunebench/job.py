@@ -15,7 +15,7 @@ from prunebench.bench import memory
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
-from prunebench.tracking import claim, store
+from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
@@ -68,6 +68,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             record_invalid(cfg, overrides, parent_run_id, err)
         raise
     key = run_key(cfg)
+    server.export_http_settings(cfg.tracking)
     uri = store.tracking_uri(cfg.tracking.uri)
     exp_id = store.experiment_id(uri, cfg.tracking.experiment)
     if cfg.tracking.skip_existing:

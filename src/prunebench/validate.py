@@ -14,6 +14,7 @@ from prunebench.api.errors import ConfigError
 from prunebench.calibration import LabelledCalibration
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
+from prunebench.tracking import server
 
 
 # accelerate's named placements (a {module: device} mapping is accepted as it is)
@@ -100,6 +101,7 @@ def validate(cfg: DictConfig) -> dict:
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
     check_tower(cfg, pruner_cls)
     check_device_map(cfg.model)
+    server.check(cfg.tracking)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
         if float(ratio) > 0:

@@ -169,7 +169,9 @@ def acquire(uri: str, exp_id: str, key: str, run_name: str, tags: dict[str, str]
             run = client.create_run(exp_id, run_name=run_name, tags={
                 **tags, WORKER_TAG: me, HEARTBEAT_TAG: f"{time.time():.0f}", ATTEMPT_TAG: str(attempt)})
             claim = Claim(client, exp_id, key, run.info.run_id, settings.heartbeat_s)
-            first = min((r for r in claim.key_runs() if r.info.status == "RUNNING"), key=_order)
+            first = min((r for r in claim.key_runs() if r.info.status == "RUNNING"), key=_order, default=None)
+            if first is None:  # this worker stalled past stale_s before its check and was taken over: look again
+                continue
             if first.info.run_id == run.info.run_id:
                 return claim
             client.delete_run(run.info.run_id)  # a claim created at the same moment came first

@@ -17,7 +17,7 @@ from hydra.utils import get_method
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from prunebench.tracking import claim, store
+from prunebench.tracking import claim, server, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
@@ -37,6 +37,8 @@ class SweepRunCallback(Callback):
         if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
             # the plan is all a plan=true sweep does: stop before Hydra launches (and makes folders for) its jobs
             raise SystemExit(get_method(self.planner)(config))
+        server.check(config.tracking)  # before the sweep's first request: a job would refuse the same
+        server.export_http_settings(config.tracking)
         uri = store.tracking_uri(config.tracking.uri)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
