@@ -17,6 +17,7 @@ from hydra.utils import get_method
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from prunebench.api.errors import ConfigError
 from prunebench.tracking import claim, store
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ class SweepRunCallback(Callback):
             # the plan is all a plan=true sweep does: stop before Hydra launches (and makes folders for) its jobs
             raise SystemExit(get_method(self.planner)(config))
         uri = store.tracking_uri(config.tracking.uri)
+        try:
+            store.check_uri(uri)
+        except ConfigError as err:  # Hydra would only warn of a callback's exception and run every job into it
+            raise SystemExit(f"prunebench: invalid config: {err}") from None
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
         self.stale_s = config.tracking.claim.stale_s
