@@ -19,6 +19,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.cache import content_key
+from prunebench.inputs import job_inputs
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, is_dense, run_key
 
@@ -102,8 +103,8 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
     for overrides in sweep_jobs(params, arguments):
         try:
             cfg = compose(overrides)
-            validate(cfg)
-            key = run_key(cfg)
+            inputs = job_inputs(cfg, validate(cfg))
+            key = run_key(cfg, inputs)
         except Exception as err:  # any reason a job cannot run is the plan's to show
             message = " ".join(str(err).split())
             jobs.append(PlannedJob(overrides, "invalid", note=f"{type(err).__name__}: {message[:400]}"))
@@ -118,7 +119,7 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
         jobs.append(PlannedJob(overrides, "done" if key in finished[where] else "left",
                                f"{size_class(cfg.model)}/{work_class(cfg, scored)}"))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
-            dense.setdefault(dense_key(cfg), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
+            dense.setdefault(dense_key(cfg, inputs), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
     for key, (cfg, where, serves) in dense.items():
         if key not in by_key:
             jobs.append(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
