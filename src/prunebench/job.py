@@ -22,6 +22,7 @@ from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
+from prunebench.tracking.sweep import record_cell
 from prunebench.validate import ConfigError, validate
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,18 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     key = run_key(cfg, inputs)
     uri = store.tracking_uri(cfg.tracking.uri)
     exp_id = store.experiment_id(uri, cfg.tracking.experiment)
+    dense = is_dense(cfg)
+    baseline = None if dense else store.finished_run(uri, exp_id, dense_key(cfg, inputs))
+    if baseline is not None and parent_run_id:  # the sweep's report shows the baseline its cells compare with
+        record_cell(uri, parent_run_id, baseline)
     if cfg.tracking.skip_existing:
         done = store.finished_run(uri, exp_id, key)
         if done:
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
+            if parent_run_id:
+                record_cell(uri, parent_run_id, done)
             return None
-    dense = is_dense(cfg)
-    if not dense and cfg.tracking.ensure_dense and store.finished_run(uri, exp_id, dense_key(cfg, inputs)) is None:
+    if not dense and cfg.tracking.ensure_dense and baseline is None:
         log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
@@ -91,6 +97,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     held = claim.acquire(uri, exp_id, key, run_name, tags, cfg.tracking.claim, cfg.tracking.skip_existing)
     if held is None:
         log.info("skipping: another worker FINISHED run key %s while this job waited for it", key)
+        done = store.finished_run(uri, exp_id, key)
+        if parent_run_id and done:
+            record_cell(uri, parent_run_id, done)
         return None
     start = time.perf_counter()
     with store.job_run(held, run_name) as active:
