@@ -94,6 +94,12 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
     return work + ("+latency" if cfg.bench.name != "none" else "")
 
 
+def sweeper_params(config: DictConfig) -> dict:
+    """A preset's `hydra.sweeper.params` (an empty node when the command line alone sweeps)."""
+    params = config.hydra.sweeper.params
+    return OmegaConf.to_container(params, resolve=False) if params else {}
+
+
 def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
-        params = OmegaConf.to_container(base.hydra.sweeper.params or {}, resolve=False)
+        params = sweeper_params(base)
         jobs = plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
@@ -181,7 +187,7 @@ def sweep_plan(config) -> int:
     from hydra import compose
 
     arguments = list(config.hydra.overrides.task)
-    params = OmegaConf.to_container(config.hydra.sweeper.params or {}, resolve=False)
+    params = sweeper_params(config)
     jobs = plan(arguments, params, lambda o: compose(config.hydra.job.config_name, o))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
