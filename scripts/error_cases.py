@@ -3,7 +3,7 @@ cases) through the CLI, as a user meets it: its message, the exit status, the se
 command to the error (interpreter start included) on the wall clock and in CPU time (the wall clock
 of a loaded machine says more about its other users), and whether any run was left RUNNING.
 
-    PYTHONPATH=src python scripts/error_cases.py > /tmp/errors_table.md
+    PYTHONPATH=src python scripts/error_cases.py [CASE ...] > /tmp/errors_table.md
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ CONFIG_CASES = {"unknown experiment": ["experiment=nope"], "unknown task": ["tas
 
 
 def message(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if "Error" in line or "invalid config" in line]
+    # Hydra's own refusal (an unknown option) is the line it starts "In ...: Could not find ..."
+    lines = [line for line in stderr.splitlines() if "Could not find" in line] or \
+        [line for line in stderr.splitlines() if "Error" in line or "invalid config" in line]
     text = lines[-1] if lines else stderr.strip().splitlines()[-1]
     return text.split("ConfigError: ")[-1].split("invalid config: ")[-1].replace("|", "\\|")[:300]
 
@@ -40,6 +42,8 @@ def main() -> None:
     cases = {name: (lines, extra) for name, (lines, extra, _) in CASES.items()}
     cases.update({name: (None, [*TINY_MC[:1], *extra]) for name, extra in CONFIG_CASES.items()})
     for name, (lines, extra) in cases.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:  # the cases named on the command line, else all
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             overrides = mc(write_jsonl(Path(tmp) / "cases.jsonl", lines), *extra) if lines is not None else extra
             uri = f"sqlite:///{tmp}/mlflow.db"
