@@ -27,16 +27,17 @@ def load_runs(experiment: str, sweep_run_id: str | None = None) -> pd.DataFrame:
     filters = ["attributes.status = 'FINISHED'", "tags.`prunebench.run_key` != ''"]
     search = functools.partial(mlflow.search_runs, experiment_names=[experiment], order_by=["attributes.start_time DESC"])
     if not sweep_run_id:
-        runs = search(filter_string=" and ".join(filters))
+        frames = [search(filter_string=" and ".join(filters))]
     else:
-        runs = search(filter_string=" and ".join([*filters, f"tags.`mlflow.parentRunId` = '{sweep_run_id}'"]))
+        frames = [search(filter_string=" and ".join([*filters, f"tags.`mlflow.parentRunId` = '{sweep_run_id}'"]))]
         reused = cell_run_ids(mlflow.MlflowClient().get_run(sweep_run_id))
         for start in range(0, len(reused), BATCH):  # a filter's IN list is kept short
             ids = ", ".join(f"'{run_id}'" for run_id in reused[start:start + BATCH])
-            earlier = search(filter_string=" and ".join([*filters, f"attributes.run_id IN ({ids})"]))
-            runs = earlier if runs.empty else pd.concat([runs, earlier]) if not earlier.empty else runs
-    if runs.empty:
-        return runs
+            frames.append(search(filter_string=" and ".join([*filters, f"attributes.run_id IN ({ids})"])))
+    frames = [frame for frame in frames if not frame.empty]
+    if not frames:
+        return pd.DataFrame()
+    runs = pd.concat(frames, ignore_index=True)
     runs = runs.sort_values("start_time", ascending=False)
     return runs.drop_duplicates("tags.prunebench.run_key").reset_index(drop=True)
 
