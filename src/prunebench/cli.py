@@ -10,15 +10,29 @@ import threading
 import warnings
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from prunebench.paths import CONF_DIR
 from prunebench.plan import format_plan, plan
 from prunebench.tracking.sweep import PARENT_ENV
 
 log = logging.getLogger("prunebench")
+# groups that are building blocks of other options (the task definitions task options list), not choices
+INTERNAL_GROUPS = ("hydra", "task_library")
+
+
+def config_groups() -> str:
+    """The groups a user chooses from and their options, for `prunebench --help` (conf/hydra/help/):
+    Hydra's own listing would show the internal ones too."""
+    loader = GlobalHydra.instance().config_loader()
+    groups = [*sorted(g for g in loader.list_groups("") if g not in INTERNAL_GROUPS), "hydra/launcher"]
+    return "\n".join(f"  {g}: {', '.join(sorted(loader.get_group_options(g)))}" for g in groups)
+
+
+OmegaConf.register_new_resolver("prunebench_config_groups", config_groups, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -12,14 +12,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.bench import memory
+from prunebench.cache import content_key
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
+from prunebench.inputs import job_inputs, log_inputs
 from prunebench.models.cache import get_model
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
-from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
 from prunebench.tracking.stability import stability
+from prunebench.tracking.sweep import record_cell
 from prunebench.validate import ConfigError, calibration_config, validate
 
 log = logging.getLogger(__name__)
@@ -67,31 +69,43 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         if parent_run_id:
             record_invalid(cfg, overrides, parent_run_id, err)
         raise
-    key = run_key(cfg)
+    inputs = job_inputs(cfg, tasks)
+    key = run_key(cfg, inputs)
     server.export_http_settings(cfg.tracking)
     uri = store.tracking_uri(cfg.tracking.uri)
     exp_id = store.experiment_id(uri, cfg.tracking.experiment)
+    dense = is_dense(cfg)
+    baseline = None if dense else store.finished_run(uri, exp_id, dense_key(cfg, inputs))
+    if baseline is not None and parent_run_id:  # the sweep's report shows the baseline its cells compare with
+        record_cell(uri, parent_run_id, baseline)
     if cfg.tracking.skip_existing:
         done = store.finished_run(uri, exp_id, key)
         if done:
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
+            if parent_run_id:
+                record_cell(uri, parent_run_id, done)
             return None
-    dense = is_dense(cfg)
-    if not dense and cfg.tracking.ensure_dense and store.finished_run(uri, exp_id, dense_key(cfg)) is None:
+    if not dense and cfg.tracking.ensure_dense and baseline is None:
         log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
         run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
     tags = job_tags(cfg, key, list(overrides))
+    if inputs:  # which data ran, short enough for a report row (the full digests are the run's dataset inputs)
+        tags["prunebench.inputs"] = content_key(inputs)[:12]
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     held = claim.acquire(uri, exp_id, key, run_name, tags, cfg.tracking.claim, cfg.tracking.skip_existing)
     if held is None:
         log.info("skipping: another worker FINISHED run key %s while this job waited for it", key)
+        done = store.finished_run(uri, exp_id, key)
+        if parent_run_id and done:
+            record_cell(uri, parent_run_id, done)
         return None
     start = time.perf_counter()
     with store.job_run(held, run_name) as active:
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        log_inputs(inputs)
         metrics, logged = execute(cfg, tasks, dense)
         # a split without answers (a submission) has no metric, so no place in the average
         scored = {name: task for name, task in tasks.items() if task.metrics}
@@ -102,10 +116,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         lower = frozenset(n for n, t in scored.items() if t.lower_is_better)
         dense_primary = primary
         if not dense:
-            dense_run = store.finished_run(uri, exp_id, dense_key(cfg))
+            dense_run = store.finished_run(uri, exp_id, dense_key(cfg, inputs))
             dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in scored.items()}
             if dense_run is None:
-                log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg))
+                log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg, inputs))
         if dense_primary:
             values, excluded = stability(primary, dense_primary, lower)
             metrics.update(values)

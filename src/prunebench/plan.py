@@ -19,6 +19,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.cache import content_key
+from prunebench.inputs import job_inputs
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, dense_key, is_dense, run_key
 
@@ -93,6 +94,12 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
     return work + ("+latency" if cfg.bench.name != "none" else "")
 
 
+def sweeper_params(config: DictConfig) -> dict:
+    """A preset's `hydra.sweeper.params` (an empty node when the command line alone sweeps)."""
+    params = config.hydra.sweeper.params
+    return OmegaConf.to_container(params, resolve=False) if params else {}
+
+
 def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
@@ -102,8 +109,8 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
     for overrides in sweep_jobs(params, arguments):
         try:
             cfg = compose(overrides)
-            validate(cfg)
-            key = run_key(cfg)
+            inputs = job_inputs(cfg, validate(cfg))
+            key = run_key(cfg, inputs)
         except Exception as err:  # any reason a job cannot run is the plan's to show
             message = " ".join(str(err).split())
             jobs.append(PlannedJob(overrides, "invalid", note=f"{type(err).__name__}: {message[:400]}"))
@@ -118,7 +125,7 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
         jobs.append(PlannedJob(overrides, "done" if key in finished[where] else "left",
                                f"{size_class(cfg.model)}/{work_class(cfg, scored)}"))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
-            dense.setdefault(dense_key(cfg), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
+            dense.setdefault(dense_key(cfg, inputs), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
     for key, (cfg, where, serves) in dense.items():
         if key not in by_key:
             jobs.append(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
-        params = OmegaConf.to_container(base.hydra.sweeper.params or {}, resolve=False)
+        params = sweeper_params(base)
         jobs = plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
@@ -180,7 +187,7 @@ def sweep_plan(config) -> int:
     from hydra import compose
 
     arguments = list(config.hydra.overrides.task)
-    params = OmegaConf.to_container(config.hydra.sweeper.params or {}, resolve=False)
+    params = sweeper_params(config)
     jobs = plan(arguments, params, lambda o: compose(config.hydra.job.config_name, o))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0

@@ -11,10 +11,12 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
+from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.calibration import LabelledCalibration
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
+from prunebench.tracking.store import check_uri, tracking_uri
 
 
 # accelerate's named placements (a {module: device} mapping is accepted as it is)
@@ -79,8 +81,23 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
+def task_families(task) -> frozenset[str] | None:
+    """The model families that can answer a task: its own `families`, else its request kind's; a
+    task whose requests carry images needs a vision-language model. None: no constraint known."""
+    families = getattr(task, "families", None) or KIND_FAMILIES.get(task.kind)
+    if any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task])):
+        families = IMAGE_FAMILIES
+    return families
+
+
+def describe_kind(task) -> str:
+    images = any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task]))
+    return f"{task.kind} requests" + (" with images" if images else "")
+
+
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
+    check_uri(tracking_uri(cfg.tracking.uri))
     ratio = cfg.sparsity
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
         raise ConfigError(f"sparsity={ratio!r} is outside [0, 1); use a fraction of the pruner's unit "
@@ -112,10 +129,10 @@ def validate(cfg: DictConfig) -> dict:
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
-        families = getattr(task, "families", None)
+        families = task_families(task)
         if families and cfg.model.family not in families:
-            raise ConfigError(f"task {name} cannot evaluate model={cfg.model.name!r} (family {cfg.model.family!r}); "
-                              f"it evaluates: {sorted(families)}")
+            raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
+                              f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)

@@ -18,6 +18,12 @@ LOGLIKELIHOOD_ROLLING = "loglikelihood_rolling"
 GENERATE_UNTIL = "generate_until"
 CLASSIFY = "classify"  # a classifier's logits for (input, label) examples (evaluation/classification.py)
 
+# the model families whose adapter answers each text kind (a language model's tokenizer and LM head);
+# `classify` tasks name their own (`families`), and a request with images needs a vision-language model
+TEXT_FAMILIES = frozenset({"causal_lm", "moe", "vlm"})
+KIND_FAMILIES = {LOGLIKELIHOOD: TEXT_FAMILIES, LOGLIKELIHOOD_ROLLING: TEXT_FAMILIES, GENERATE_UNTIL: TEXT_FAMILIES}
+IMAGE_FAMILIES = frozenset({"vlm"})
+
 
 # How the log-likelihood engine tokenises and scores a request (a task's `loglikelihood_scoring`):
 # lm-eval's continuation (context and continuation tokenised jointly, the continuation's tokens

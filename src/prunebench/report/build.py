@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -9,7 +10,7 @@ import mlflow
 
 from prunebench.report import plots
 from prunebench.report.suites import suite_tables
-from prunebench.report.table import ID_COLUMNS, TRAILING, load_runs, results_table, to_markdown
+from prunebench.report.table import DIFFERS, ID_COLUMNS, TRAILING, load_runs, results_table, to_markdown
 
 
 LAYOUTS = ("flat", "paper")
@@ -30,9 +31,11 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     for suite, summary in summaries.items():
         sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
         summary.to_csv(out / f"suite_{suite}.csv", index=False)
+    if "stability/avg" not in table:
+        sections.append(no_stability(runs))
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
     table.to_csv(out / "results.csv", index=False)
-    task_columns = [c for c in table.columns if c not in ID_COLUMNS + TRAILING]
+    task_columns = [c for c in table.columns if c not in [*ID_COLUMNS, DIFFERS, *TRAILING]]
     figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns)}
     for suite, summary in summaries.items():
         complete = summary[~summary.partial]  # an average over fewer tasks is no point on the same curve
@@ -51,6 +54,17 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
 
         write_paper(runs, out)
     return out
+
+
+def no_stability(runs) -> str:
+    """Why the report has no stability column or plot, from the reasons each job logged."""
+    reasons = {}
+    for _, run in runs.iterrows():
+        excluded = run.get("tags.prunebench.stability_excluded")
+        for task, reason in (json.loads(excluded) if isinstance(excluded, str) else {}).items():
+            reasons.setdefault(f"{task}: {reason}", None)
+    why = "; ".join(reasons) or "no run has a FINISHED dense run of its model and task to compare with"
+    return f"No stability column or plot: no run logged stability/avg ({why})."
 
 
 def latest_sweep(experiment: str) -> str | None:

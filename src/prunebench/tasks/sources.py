@@ -80,6 +80,8 @@ def read_json_documents(path: Path, field: str | None = None) -> list[dict]:
             data = data[key]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
         raise ValueError(f"{path}: documents must be JSON objects (one per line, or a list of them)")
+    if not data:
+        raise ValueError(f"{path}: no documents (an empty file or list); a task needs at least one")
     return list(data)
 
 

@@ -25,7 +25,9 @@ def is_dense(cfg: DictConfig) -> bool:
     return cfg.pruner.name == "none" or float(cfg.sparsity) == 0.0
 
 
-def identity(cfg: DictConfig) -> dict:
+def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> dict:
+    """`inputs`: the digests of the local data the job reads ({context: {path: digest}}, inputs.py),
+    so a changed file is a new run; calibration data counts only where calibration does."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RUNTIME_KEYS:
         data.pop(key, None)
@@ -48,11 +50,14 @@ def identity(cfg: DictConfig) -> dict:
         data["sparsity"] = 0.0
     if is_dense(cfg) or not get_class(data["pruner"]["_target_"]).needs_calibration:
         data.pop("calib", None)
+    read = {context: files for context, files in (inputs or {}).items() if context != "calib" or "calib" in data}
+    if read:  # a job reading only hub datasets keeps the key it had before inputs were keyed
+        data["inputs"] = read
     return data
 
 
-def run_key(cfg: DictConfig) -> str:
-    return content_key(identity(cfg))
+def run_key(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> str:
+    return content_key(identity(cfg, inputs))
 
 
 def dense_config(cfg: DictConfig) -> DictConfig:
@@ -65,5 +70,5 @@ def dense_config(cfg: DictConfig) -> DictConfig:
     return dense
 
 
-def dense_key(cfg: DictConfig) -> str:
-    return run_key(dense_config(cfg))
+def dense_key(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> str:
+    return run_key(dense_config(cfg), inputs)

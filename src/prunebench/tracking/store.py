@@ -16,6 +16,8 @@ from filelock import FileLock
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from prunebench.api.errors import ConfigError
+
 log = logging.getLogger(__name__)
 KEY_TAG = "prunebench.run_key"
 
@@ -101,6 +103,19 @@ def job_run(claim, run_name: str):
         log.warning("%s: not recorded FINISHED, %s", run_name, reason)
         if duplicate:
             claim.client.delete_run(claim.run_id)
+
+
+def check_uri(uri: str) -> None:
+    """An address MLflow has no store for (a typo'd scheme) fails here, before a run's setup, not as
+    MLflow's traceback; a SQLite file is opened later, under `prepare_sqlite`'s first-migration lock."""
+    if uri.startswith("sqlite:///"):
+        return
+    try:
+        MlflowClient(uri)
+    except MlflowException as err:
+        reason = str(err).strip().split(". ")[0]
+        raise ConfigError(f"tracking.uri={uri!r}: MLflow cannot open it ({reason}); use sqlite:///FILE.db, "
+                          f"a folder, or http(s)://HOST:PORT of an MLflow server") from None
 
 
 def tracking_uri(configured: str | None) -> str:

@@ -17,10 +17,23 @@ from hydra.utils import get_method
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from prunebench.api.errors import ConfigError
 from prunebench.tracking import claim, server, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
+# a tag on the parent per grid cell answered by a run made earlier (a skipped job, a dense baseline
+# already in the store): with the parent's children, the sweep's report covers its whole grid
+CELL_TAG = "prunebench.cell."
+
+
+def record_cell(uri: str, parent_run_id: str, run) -> None:
+    """Each job writes its own tag, so parallel jobs never overwrite each other's."""
+    MlflowClient(uri).set_tag(parent_run_id, CELL_TAG + run.data.tags[store.KEY_TAG], run.info.run_id)
+
+
+def cell_run_ids(parent) -> list[str]:
+    return [value for key, value in parent.data.tags.items() if key.startswith(CELL_TAG)]
 
 
 class SweepRunCallback(Callback):
@@ -40,6 +53,10 @@ class SweepRunCallback(Callback):
         server.check(config.tracking)  # before the sweep's first request: a job would refuse the same
         server.export_http_settings(config.tracking)
         uri = store.tracking_uri(config.tracking.uri)
+        try:
+            store.check_uri(uri)
+        except ConfigError as err:  # Hydra would only warn of a callback's exception and run every job into it
+            raise SystemExit(f"prunebench: invalid config: {err}") from None
         self.uri, self.experiment = uri, config.tracking.experiment
         self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
         self.stale_s = config.tracking.claim.stale_s
@@ -74,9 +91,11 @@ class SweepRunCallback(Callback):
         for status, n in counts.items():
             client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
         try:
-            if self.report and counts["FINISHED"]:
+            # a resumed sweep whose every job was done before still reports its grid
+            if self.report and (counts["FINISHED"] or cell_run_ids(client.get_run(run_id))):
                 out = get_method(self.report)(self.experiment, run_id, self.sweep_dir / "report")
                 client.log_artifacts(run_id, str(out), "report")
+                log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
         except Exception:  # a report failure must not lose the sweep's status
             log.exception("could not build the sweep report")
         failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"]

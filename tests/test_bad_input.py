@@ -1,0 +1,78 @@
+"""Bad input is refused before any model loads, naming the file, line or document and the value;
+no run is left RUNNING (docs/errors.md lists the cases and their messages)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from conftest import TINY_MC, compose_cfg
+from prunebench import job
+from prunebench.validate import ConfigError
+
+GOOD = {"question": "2+2?", "choices": ["4", "5"], "label": 0}
+
+
+def write_jsonl(path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def mc(path: str, *extra: str) -> list[str]:
+    return ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={path}", *extra]
+
+
+CASES = {
+    # name: (lines of the task file or None, overrides after the file's, words the message must hold)
+    "malformed second line": ([json.dumps(GOOD), '{"question": "x", "choices": ["a", "b"], "label": 0'],
+                              [], ["line 2, column", "cases.jsonl"]),
+    "gold out of range": ([json.dumps(GOOD), json.dumps({**GOOD, "label": 5})], [], ["document 1", "5", "2 choices"]),
+    "negative gold": ([json.dumps({**GOOD, "label": -1})], [], ["document 0", "-1"]),
+    "empty choice list": ([json.dumps({**GOOD, "choices": []})], [], ["document 0", "no choices"]),
+    "empty file": ([], [], ["cases.jsonl", "no documents"]),
+    "missing template field": ([json.dumps({"choices": ["a", "b"], "label": 0})], [], ["document 0", "question"]),
+    "text task on a vision model": ([json.dumps(GOOD)], ["model=tiny-vit", "pruner=none"],
+                                    ["loglikelihood requests", "tiny-vit", "vision"]),
+    "image task on a text model": (None, ["model=tiny-llama", "task=easy_vqa", "pruner=none"],
+                                   ["with images", "tiny-llama", "vlm"]),
+    "unknown tracking scheme": ([json.dumps(GOOD)], ["tracking.uri=garbage://x"], ["tracking.uri='garbage://x'"]),
+}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded for a job that should have been refused")
+    monkeypatch.setattr(job, "get_model", refuse)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_model):
+    lines, extra, words = CASES[name]
+    overrides = mc(write_jsonl(tmp_path / "cases.jsonl", lines), *extra) if lines is not None else extra
+    with pytest.raises(ConfigError) as err:
+        job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]))
+    for word in words:
+        assert word in str(err.value), str(err.value)
+    experiment = mlflow.MlflowClient(store).get_experiment_by_name("prunebench")
+    assert experiment is None or not mlflow.MlflowClient(store).search_runs([experiment.experiment_id])
+
+
+def test_unknown_experiment_is_refused_like_an_unknown_task(store):
+    proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], "experiment=nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "experiment/nope" in proc.stderr + proc.stdout
+
+
+def test_unknown_tracking_scheme_fails_the_sweep_with_one_clear_line(store):
+    """The sweep's parent run is made before any job: the address is checked there too."""
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *TINY_MC, "tracking.uri=garbage://x",
+                           "sparsity=0.3,0.5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "tracking.uri='garbage://x'" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,98 @@
+"""Reports survive a resume: a sweep's report covers its whole grid (cells run now or earlier, the
+dense baseline too), a sweep whose every job is skipped still writes one, rows that ran other
+settings or data say what differs, and two sweeps started together keep apart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+
+from conftest import MC_FIXTURE, compose_cfg
+from prunebench.job import run
+from prunebench.report.build import write_report
+from prunebench.report.cli import main as report_main
+from prunebench.report.table import load_runs, results_table
+
+BASE = ["-m", "model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
+        "trainer.enable_progress_bar=false", "pruner=magnitude", "limit=2"]
+
+
+def sweep(*overrides: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "prunebench", *BASE, *overrides], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def parents(uri: str) -> pd.DataFrame:
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=["prunebench"], filter_string="tags.`prunebench.sweep` = 'true'",
+                              order_by=["attributes.start_time ASC"])
+
+
+def report_rows(parent) -> list[tuple[str, float]]:
+    table = pd.read_csv(Path(parent["tags.hydra.sweep_dir"]) / "report" / "results.csv")
+    return sorted(zip(table.pruner, table.sparsity))
+
+
+def test_a_resumed_sweep_reports_its_whole_grid_and_an_all_skipped_one_still_reports(store, tmp_path, capsys):
+    sweep("sparsity=0.3")
+    second = sweep("sparsity=0.3,0.5")  # 0.3 and the dense baseline were done by the first sweep
+    assert "sweep report:" in second.stdout + second.stderr
+    sweep("sparsity=0.3,0.5")  # every job skipped
+    first, resumed, skipped = (row for _, row in parents(store).iterrows())
+    assert report_rows(first) == [("magnitude", 0.3), ("none", 0.0)]
+    grid = [("magnitude", 0.3), ("magnitude", 0.5), ("none", 0.0)]
+    assert report_rows(resumed) == grid
+    assert skipped["tags.prunebench.jobs_finished"] == "0" and report_rows(skipped) == grid
+    capsys.readouterr()
+    assert report_main(["--sweep", "latest", "--out", str(tmp_path / "latest")]) == 0
+    assert sorted(zip(*[pd.read_csv(tmp_path / "latest" / "results.csv")[c] for c in ("pruner", "sparsity")])) == grid
+
+
+def test_two_sweeps_started_together_on_a_fresh_store_keep_their_own_parent_folder_and_report(store):
+    procs = [subprocess.Popen([sys.executable, "-m", "prunebench", *BASE, "pruner=none", f"seed={seed}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        assert "CommandError" not in err and "could not" not in err, err[-4000:]
+    found = parents(store)
+    assert len(found) == 2 and set(found.status) == {"FINISHED"}
+    folders = set(found["tags.hydra.sweep_dir"])
+    assert len(folders) == 2 and all((Path(f) / "report" / "results.md").is_file() for f in folders)
+
+
+def test_rows_sharing_model_pruner_sparsity_and_task_say_what_differs(store, tmp_path):
+    data = tmp_path / "more.jsonl"
+    data.write_text(MC_FIXTURE.read_text() + json.dumps({"question": "1+1?", "choices": ["2", "3"], "label": 0}) + "\n")
+    base = ["model=tiny-llama", "task=local_mc", "pruner=none", "trainer.enable_progress_bar=false"]
+    for overrides in ([f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=1"],
+                      [f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=2"],
+                      [f"task.tasks.local_mc.source.path={data}", "limit=2"]):
+        run(compose_cfg(base + overrides))
+    mlflow.set_tracking_uri(store)
+    table = results_table(load_runs("prunebench"))
+    differs = sorted(table["differs"])
+    assert len(differs) == 3 and len(set(differs)) == 3
+    assert sum("limit=1" in d for d in differs) == 1 and all("data=" in d for d in differs)
+    assert sum(str(data)[:20] in d for d in differs) == 1  # the data file's path, cut to the column's width
+
+
+def test_a_report_without_stability_says_why(store, tmp_path):
+    mlflow.set_tracking_uri(store)
+    mlflow.set_experiment("prunebench")
+    tags = {"prunebench.run_key": "k", "prunebench.model": "m", "prunebench.pruner": "none", "prunebench.task": "t",
+            "prunebench.sparsity": "0.0", "prunebench.avg_metrics": json.dumps({"t": "acc"}),
+            "prunebench.stability_excluded": json.dumps({"t": "dense value 0 < 0.05: at or near chance"})}
+    with mlflow.start_run(tags=tags):
+        mlflow.log_metrics({"t/acc": 0.0, "avg/score": 0.0})
+    out = write_report("prunebench", None, tmp_path / "report")
+    text = (out / "results.md").read_text()
+    assert "No stability column or plot" in text and "t: dense value 0 < 0.05" in text
+    assert not (out / "stability_vs_sparsity.png").exists()
