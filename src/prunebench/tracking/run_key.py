@@ -7,7 +7,7 @@ import copy
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from prunebench.api.model_keys import PLANNING_KEYS
+from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
 
 # Fields that change where or how fast a job runs, never its numbers.
@@ -26,6 +26,8 @@ def identity(cfg: DictConfig) -> dict:
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RUNTIME_KEYS:
         data.pop(key, None)
+    if "dtype" in data.get("model", {}):
+        data["model"]["dtype"] = run_dtype(cfg.model)
     for key in MODEL_RUNTIME_KEYS:
         data.get("model", {}).pop(key, None)
     data.get("eval", {}).pop("batch_tokens", None)
