@@ -2,14 +2,17 @@
 model object, the same documents, each side's own task pipeline (ours: task -> DataModule ->
 Lightning test loop; lm-eval: its TaskManager's task definitions -> evaluate() with HFLM).
 
-Prints, per task and overall, examples/s of both, their ratio, and how often the predictions of the
-task's primary metric agree. A disagreement whose two best lm-eval scores are within --tie of each
-other is counted as a near-tie: fp32 summation order alone can flip it.
+Per task and overall: seconds of both, their ratio, the primary metric of both, and how many
+documents get the same prediction, for each `--numerics` setting of ours (eval.numerics) against
+lm-eval at `--lm-eval-batch-size`; and the same agreement of lm-eval at `--noise-batch-size` with
+itself at the reference batch size, the noise floor at the model's dtype. A disagreement whose two
+best scores are within --tie of each other is counted as a near-tie.
 
-    .venv/bin/python bench/mc_throughput.py model=gemma3-270m task=commonsense data_dir=../shared/data \\
-        task.tasks.hellaswag.source.path=../shared/data/hellaswag/hellaswag_val_full.txt.bz2 limit=100
+    .venv/bin/python bench/mc_throughput.py model=gemma3-270m model.dtype=bfloat16 task=winogrande \
+        data_dir=../shared/data limit=600 eval.lm_eval_batch_size=8 --numerics fast,lm_eval
 
-Arguments other than the --options are prunebench config overrides. Needs the `ref` extra."""
+Arguments other than the --options are prunebench config overrides: any `model.dtype`,
+`model.device=cuda` for a GPU, `limit=null` for whole splits. Needs the `ref` extra."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
+from prunebench.evaluation.loglikelihood import check_numerics
 from prunebench.tasks.build import build_tasks
 
 
@@ -61,6 +62,10 @@ def validate(cfg: DictConfig) -> dict:
         raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
     if not cfg.task.get("tasks"):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
+    try:
+        check_numerics(cfg.get("eval") or {})
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
         families = getattr(task, "families", None)
