@@ -136,7 +136,7 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
     """The task's metrics see every document before any model time is spent (`metric_objects`:
     the classes MCC and F1 count, and documents they cannot score refused)."""
     check_numerics(options)
-    lm_eval_rows = options.lm_eval_batch_size if options.get("numerics", "fast") == "lm_eval" else None
+    lm_eval_rows = options.get("lm_eval_batch_size", 1) if options.get("numerics", "fast") == "lm_eval" else None
     if not lm_eval_rows:
         model.check_lm_head()
     data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos,
