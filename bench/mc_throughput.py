@@ -2,19 +2,23 @@
 model object, the same documents, each side's own task pipeline (ours: task -> DataModule ->
 Lightning test loop; lm-eval: its TaskManager's task definitions -> evaluate() with HFLM).
 
-Prints, per task and overall, examples/s of both, their ratio, and how often the predictions of the
-task's primary metric agree. A disagreement whose two best lm-eval scores are within --tie of each
-other is counted as a near-tie: fp32 summation order alone can flip it.
+Per task and overall: seconds of both, their ratio, the primary metric of both, and how many
+documents get the same prediction, for each `--numerics` setting of ours (eval.numerics) against
+lm-eval at `--lm-eval-batch-size`; and the same agreement of lm-eval at `--noise-batch-size` with
+itself at the reference batch size, the noise floor at the model's dtype. A disagreement whose two
+best scores are within --tie of each other is counted as a near-tie.
 
-    .venv/bin/python bench/mc_throughput.py model=gemma3-270m task=commonsense data_dir=../shared/data \\
-        task.tasks.hellaswag.source.path=../shared/data/hellaswag/hellaswag_val_full.txt.bz2 limit=100
+    .venv/bin/python bench/mc_throughput.py model=gemma3-270m model.dtype=bfloat16 task=winogrande \
+        data_dir=../shared/data limit=600 eval.lm_eval_batch_size=8 --numerics fast,lm_eval
 
-Arguments other than the --options are prunebench config overrides. Needs the `ref` extra."""
+Arguments other than the --options are prunebench config overrides: any `model.dtype`,
+`model.device=cuda` for a GPU, `limit=null` for whole splits. Needs the `ref` extra."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +26,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 from lightning import Trainer
+from omegaconf import OmegaConf
 
 from prunebench.api.metrics import first_argmax
 from prunebench.paths import CONF_DIR
@@ -36,12 +41,20 @@ def predictions(lls: list[float], choice_lengths: list[int], metric: str) -> int
     return first_argmax([ll / n if metric == "acc_norm" and n else ll for ll, n in zip(lls, choice_lengths)])
 
 
-def run_ours(cfg, loaded, task) -> tuple[list[dict], float]:
-    start = time.perf_counter()
-    data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
-    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
-        module, datamodule=data, verbose=False)
-    return sorted(module.records, key=lambda r: r["doc_id"]), time.perf_counter() - start
+def run_ours(cfg, loaded, task, numerics: str, accelerator: str) -> tuple[list[dict], float, float]:
+    start, cpu = time.perf_counter(), time.process_time()
+    data, module = evaluation(task, loaded, cfg.get("limit"), OmegaConf.merge(cfg.eval, {"numerics": numerics}))
+    Trainer(accelerator=accelerator, devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False).test(module, datamodule=data, verbose=False)
+    return sorted(module.records, key=lambda r: r["doc_id"]), time.perf_counter() - start, time.process_time() - cpu
+
+
+def run_lm_eval(lm, reference_task, name: str, limit) -> tuple[list[dict], float, float]:
+    """(samples, wall s, CPU s): CPU seconds of all threads, which other jobs on a loaded machine
+    inflate far less than wall-clock seconds."""
+    start, cpu = time.perf_counter(), time.process_time()
+    samples = reference_samples(lm, {name: reference_task}, limit)[name]
+    return samples, time.perf_counter() - start, time.process_time() - cpu
 
 
 def compare(task, ours: list[dict], theirs: list[dict], tie: float) -> dict:
@@ -64,9 +77,14 @@ def compare(task, ours: list[dict], theirs: list[dict], tie: float) -> dict:
 
 
 def main() -> None:
+    wall = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="prunebench config overrides (model=..., task=..., limit=...)")
-    parser.add_argument("--lm-eval-batch-size", default="8", help="HFLM batch_size (int or 'auto')")
+    parser.add_argument("--numerics", default="lm_eval,fast", help="eval.numerics settings of ours to run, comma-separated")
+    parser.add_argument("--lm-eval-batch-size", default="8", help="HFLM batch_size (int or 'auto'): the reference")
+    parser.add_argument("--noise-batch-size", default="1",
+                        help="a second HFLM batch_size whose agreement with the reference is lm-eval's own noise "
+                             "floor ('' skips it)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for both sides")
     parser.add_argument("--tie", type=float, default=1e-4, help="score gap under which a disagreement is a near-tie")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
@@ -79,39 +97,60 @@ def main() -> None:
         cfg = compose("config", overrides=["task=commonsense", *args.overrides])
     tasks = validate(cfg)
     loaded = get_model(cfg.model)
-    batch = args.lm_eval_batch_size
-    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=int(batch) if batch.isdigit() else batch,
-              add_bos_token=cfg.eval.add_bos, max_length=loaded.max_length)
+    accelerator = "gpu" if loaded.device.type == "cuda" else "cpu"
+    settings = args.numerics.split(",")
+
+    def hflm(batch: str):
+        return HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, add_bos_token=cfg.eval.add_bos,
+                    batch_size=int(batch) if batch.isdigit() else batch, max_length=loaded.max_length)
+
+    lms = {"reference": hflm(args.lm_eval_batch_size), **({"noise": hflm(args.noise_batch_size)}
+                                                            if args.noise_batch_size else {})}
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         reference = reference_tasks(tasks, Path(folder))
         for name, task in tasks.items():
-            ours, ours_s = run_ours(cfg, loaded, task)
-            start = time.perf_counter()
-            theirs = reference_samples(lm, {name: reference[name]}, cfg.get("limit"))[name]
-            theirs_s = time.perf_counter() - start
-            rows[name] = {"docs": len(ours), "ours_s": ours_s, "lm_eval_s": theirs_s,
-                          **compare(task, ours, theirs, args.tie)}
-            print_row(name, rows[name])
-    docs = sum(r["docs"] for r in rows.values())
-    total = {"docs": docs, "ours_s": sum(r["ours_s"] for r in rows.values()),
-             "lm_eval_s": sum(r["lm_eval_s"] for r in rows.values()), "agree": sum(r["agree"] for r in rows.values()),
-             "near_ties": sum(d["near_tie"] for r in rows.values() for d in r["disagreements"])}
-    print(f"\nall: {docs} docs  ours {docs / total['ours_s']:.2f} docs/s  lm-eval {docs / total['lm_eval_s']:.2f} "
-          f"docs/s  speedup {total['lm_eval_s'] / total['ours_s']:.2f}x  identical predictions "
-          f"{100 * total['agree'] / docs:.2f}% ({docs - total['agree']} differ, {total['near_ties']} near-ties)")
+            theirs, theirs_s, theirs_cpu = run_lm_eval(lms["reference"], reference[name], name, cfg.get("limit"))
+            row = {"docs": len(theirs), "lm_eval_s": theirs_s, "lm_eval_cpu_s": theirs_cpu, "ours": {}}
+            if "noise" in lms:
+                other, other_s, other_cpu = run_lm_eval(lms["noise"], reference[name], name, cfg.get("limit"))
+                row["noise"] = {"lm_eval_s": other_s, "lm_eval_cpu_s": other_cpu, **compare(task, other, theirs, args.tie)}
+            for numerics in settings:
+                ours, ours_s, ours_cpu = run_ours(cfg, loaded, task, numerics, accelerator)
+                row["ours"][numerics] = {"ours_s": ours_s, "ours_cpu_s": ours_cpu, **compare(task, ours, theirs, args.tie)}
+            rows[name] = row
+            print_row(name, row)
+    print("\nall:")
+    for numerics in settings:
+        docs = sum(r["docs"] for r in rows.values())
+        ours_s = sum(r["ours"][numerics]["ours_s"] for r in rows.values())
+        lm_eval_s = sum(r["lm_eval_s"] for r in rows.values())
+        agree = sum(r["ours"][numerics]["agree"] for r in rows.values())
+        print(f"  numerics={numerics}: {docs} docs  ours {ours_s:.1f} s  lm-eval {lm_eval_s:.1f} s  "
+              f"speedup {lm_eval_s / ours_s:.2f}x  same predictions {agree}/{docs} ({100 * agree / docs:.2f}%)")
+    total_s = time.perf_counter() - wall
+    print(f"  this process: {total_s:.1f} s; load average {os.getloadavg()[0]:.2f}")
     if args.out:
-        setup = {"model": cfg.model.name, "overrides": args.overrides, "lm_eval_batch_size": batch,
-                 "threads": torch.get_num_threads(), "batch_tokens": cfg.eval.batch_tokens}
-        args.out.write_text(json.dumps({"setup": setup, "tasks": rows, "all": total}, indent=2))
+        setup = {"model": cfg.model.name, "dtype": str(next(loaded.model.parameters()).dtype),
+                 "device": str(loaded.device), "overrides": args.overrides,
+                 "lm_eval_batch_size": args.lm_eval_batch_size, "noise_batch_size": args.noise_batch_size,
+                 "threads": torch.get_num_threads(), "batch_tokens": cfg.eval.batch_tokens,
+                 "process_s": total_s, "load_average": os.getloadavg()}
+        args.out.write_text(json.dumps({"setup": setup, "tasks": rows}, indent=2))
 
 
 def print_row(name: str, row: dict) -> None:
     n = row["docs"]
-    print(f"{name}: {n} docs  ours {n / row['ours_s']:.2f} docs/s  lm-eval {n / row['lm_eval_s']:.2f} docs/s  "
-          f"speedup {row['lm_eval_s'] / row['ours_s']:.2f}x  {row['metric']} ours {row['ours']:.4f} lm-eval "
-          f"{row['lm_eval']:.4f}  same predictions {row['agree']}/{n}  max |dll| {row['max_abs_loglik_diff']:.1e}",
-          flush=True)
+    line = f"{name}: {n} docs  lm-eval {row['lm_eval_s']:.1f} s (CPU {row['lm_eval_cpu_s']:.1f} s)"
+    if "noise" in row:
+        noise = row["noise"]
+        line += f"  (other batch size {noise['lm_eval_s']:.1f} s, same predictions {noise['agree']}/{n})"
+    print(line, flush=True)
+    for numerics, mine in row["ours"].items():
+        print(f"  numerics={numerics}: {mine['ours_s']:.1f} s (CPU {mine['ours_cpu_s']:.1f} s)  speedup "
+              f"{row['lm_eval_s'] / mine['ours_s']:.2f}x (CPU {row['lm_eval_cpu_s'] / mine['ours_cpu_s']:.2f}x)  "
+              f"{mine['metric']} ours {mine['ours']:.4f} lm-eval {mine['lm_eval']:.4f}  same predictions "
+              f"{mine['agree']}/{n}  max |dll| {mine['max_abs_loglik_diff']:.1e}", flush=True)
 
 
 if __name__ == "__main__":

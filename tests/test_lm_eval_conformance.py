@@ -54,8 +54,9 @@ def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
         assert our_requests(task) == reference_requests(reference[name]), name
 
 
-def our_records(loaded, task, add_bos=None, limit=None) -> list[dict]:
-    options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos})
+def our_records(loaded, task, add_bos=None, limit=None, numerics="fast", lm_eval_batch_size=1) -> list[dict]:
+    options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos, "numerics": numerics,
+                                "lm_eval_batch_size": lm_eval_batch_size})
     data, module = evaluation(task, loaded, limit, options)
     Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
         module, datamodule=data, verbose=False)
@@ -82,6 +83,27 @@ def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos, max_length)
             assert mine["loglikelihoods"] == close_to(theirs["loglikelihoods"], depth=2), name
             for metric in task.metrics:
                 assert mine[metric] == theirs[metric], (name, metric, mine["doc_id"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lm_eval_numerics_give_lm_evals_numbers_bit_for_bit(tmp_path, dtype):
+    """eval.numerics=lm_eval with lm-eval's batch size: every log-likelihood is lm-eval's own
+    float in bf16, so every metric and tie is too. In fp32 within 1-2 ulps: the same shapes in the
+    same order still came out 1 ulp apart once (CommonsenseQA, 9.5e-7 at -12.2), which fp32 CPU GEMM
+    does not promise to repeat bitwise; bf16 ran bit-exact on all seven tasks."""
+    from lm_eval.models.huggingface import HFLM
+
+    loaded = get_model(compose_cfg([*TINY, f"model.dtype={dtype}"]).model)
+    tasks = our_tasks(f"data_dir={RELEASE}")
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=3, max_length=loaded.max_length)
+    reference = reference_samples(lm, reference_tasks(tasks, tmp_path))
+    for name, task in tasks.items():
+        ours = our_records(loaded, task, numerics="lm_eval", lm_eval_batch_size=3)
+        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]], name
+        for mine, theirs in zip(ours, reference[name]):
+            want = theirs["loglikelihoods"] if dtype == "bfloat16" else close_to(theirs["loglikelihoods"], depth=1)
+            assert mine["loglikelihoods"] == want, (name, mine["doc_id"])
+            assert all(mine[m] == theirs[m] for m in task.metrics), (name, mine["doc_id"])
 
 
 @pytest.mark.real_model

@@ -11,6 +11,7 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.api.model_keys import run_dtype
 from prunebench.bench import memory
 from prunebench.cache import content_key
 from prunebench.evaluation.progress import DocumentProgress
@@ -46,6 +47,7 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
             # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
             **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {}),
+            **({"prunebench.dtype": run_dtype(cfg.model)} if cfg.model.get("dtype") else {}),
             # a checkpoint's own code ran: worth seeing beside its numbers
             **({"prunebench.trust_remote_code": "true"} if cfg.model.get("trust_remote_code") else {})}
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.calibration import LabelledCalibration
+from prunebench.evaluation.loglikelihood import check_numerics
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
@@ -127,6 +128,10 @@ def validate(cfg: DictConfig) -> dict:
         raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
     if not cfg.task.get("tasks"):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
+    try:
+        check_numerics(cfg.get("eval") or {})
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
         families = task_families(task)

@@ -23,6 +23,7 @@ from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, Loglikel
 from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
+from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
 from prunebench.models.loaded import LoadedModel
 
 
@@ -43,13 +44,15 @@ class EncodedDoc:
 class LoglikelihoodDataModule(L.LightningDataModule):
     """A batch holds whole documents, scored together in one step; longest first so the first batch
     shows the peak memory (as lm-eval's Collator orders), and neighbours of similar length pad
-    little. `batch_tokens` caps a batch's padded positions: the batch size follows from it."""
+    little. `batch_tokens` caps a batch's padded positions: the batch size follows from it.
+    `whole_task`: one batch of every document, for eval.numerics=lm_eval, whose rows are batched
+    across the whole task as lm-eval's are."""
 
     def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = 8192,
-                 add_bos: bool | None = None):
+                 add_bos: bool | None = None, whole_task: bool = False):
         super().__init__()
         self.task, self.tokenizer, self.max_length = task, model.tokenizer, model.max_length
-        self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
+        self.limit, self.batch_tokens, self.add_bos, self.whole_task = limit, batch_tokens, add_bos, whole_task
         self.scoring = getattr(task, "loglikelihood_scoring", CONTINUATION)
         if self.scoring not in (CONTINUATION, WHOLE_TEXT):
             raise ValueError(f"task {task.name}: loglikelihood_scoring={self.scoring!r}; valid: "
@@ -79,29 +82,48 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         if self.batches:
             return
         docs = sorted((self.encode(d) for d in self.task.instances(self.limit)), key=lambda d: -d.tokens)
-        self.batches = pack(docs, lambda d: d.tokens, self.batch_tokens)
+        self.batches = [docs] if self.whole_task else pack(docs, lambda d: d.tokens, self.batch_tokens)
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
+
+
+# eval.numerics: how the log-likelihoods are computed (docs/commonsense.md, "Numerics")
+NUMERICS = ("fast", "lm_eval")
+
+
+def check_numerics(options) -> None:
+    numerics, rows = options.get("numerics", "fast"), options.get("lm_eval_batch_size", 1)
+    if numerics not in NUMERICS:
+        raise ValueError(f"eval.numerics={numerics!r}; valid: {list(NUMERICS)} (fast: shared-context KV cache, "
+                         f"fp32 log-softmax; lm_eval: lm-eval HFLM's own computation in the model's dtype)")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"eval.lm_eval_batch_size={rows!r}: a positive integer, lm-eval's --batch_size")
 
 
 class LoglikelihoodModule(L.LightningModule):
     """Scores each batch, hands every document's responses to the task's process_results and feeds
     the records to the task's metrics (api.metrics.update_from_records)."""
 
-    def __init__(self, model: LoadedModel, task, metrics: dict):
+    def __init__(self, model: LoadedModel, task, metrics: dict, lm_eval_batch_size: int | None = None):
         super().__init__()
         self.model, self.adapter, self.task = model.model, model, task
+        # rows per forward of eval.numerics=lm_eval; None: the fast scorer
+        self.lm_eval_batch_size = lm_eval_batch_size
         self.metrics = torch.nn.ModuleDict(metrics)
         self.records: list[dict] = []
         # OpenCompass runs each option's whole text alone: its shared context counts once per option
         self.context_per_option = getattr(task, "loglikelihood_scoring", CONTINUATION) == WHOLE_TEXT
 
+    def score(self, batch: list[EncodedDoc]) -> list[list[tuple[float, bool]]]:
+        if self.lm_eval_batch_size:
+            return score_documents_lm_eval(self.adapter, batch, self.lm_eval_batch_size)
+        return score_documents(self.adapter, batch, context_per_option=self.context_per_option)
+
     def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
-        scores = score_documents(self.adapter, batch, context_per_option=self.context_per_option)
         records = [self.task.process_results(doc.document, [LoglikelihoodResponse(ll, greedy, n) for (ll, greedy), n
                                                             in zip(scored, doc.cont_lens)])
-                   for doc, scored in zip(batch, scores)]
+                   for doc, scored in zip(batch, self.score(batch))]
         update_from_records(self.metrics, records)
         self.records += records
         for name, metric in self.metrics.items():
@@ -115,8 +137,12 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
                                                                                LoglikelihoodModule]:
     """The task's metrics see every document before any model time is spent (`metric_objects`:
     the classes MCC and F1 count, and documents they cannot score refused)."""
-    model.check_lm_head()
-    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+    check_numerics(options)
+    lm_eval_rows = options.get("lm_eval_batch_size", 1) if options.get("numerics", "fast") == "lm_eval" else None
+    if not lm_eval_rows:
+        model.check_lm_head()
+    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos,
+                                   whole_task=bool(lm_eval_rows))
     data.setup("test")
     metrics = task.metric_objects([doc.document for batch in data.batches for doc in batch])
-    return data, LoglikelihoodModule(model, task, metrics)
+    return data, LoglikelihoodModule(model, task, metrics, lm_eval_rows)

@@ -13,7 +13,7 @@ import copy
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from prunebench.api.model_keys import PLANNING_KEYS
+from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.models.loaded import LoadedModel
 
 _PRISTINE: dict[str, LoadedModel] = {}
@@ -21,6 +21,8 @@ _PRISTINE: dict[str, LoadedModel] = {}
 
 def get_model(model_cfg: DictConfig) -> LoadedModel:
     options = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if k not in PLANNING_KEYS}
+    if "dtype" in options:
+        options["dtype"] = run_dtype(model_cfg)
     if model_cfg.get("device_map"):
         _PRISTINE.clear()
         return instantiate(options, _convert_="all")

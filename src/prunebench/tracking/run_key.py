@@ -7,7 +7,7 @@ import copy
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from prunebench.api.model_keys import PLANNING_KEYS
+from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
 
 # Fields that change where or how fast a job runs, never its numbers.
@@ -31,9 +31,16 @@ def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RUNTIME_KEYS:
         data.pop(key, None)
+    if "dtype" in data.get("model", {}):
+        data["model"]["dtype"] = run_dtype(cfg.model)
     for key in MODEL_RUNTIME_KEYS:
         data.get("model", {}).pop(key, None)
-    data.get("eval", {}).pop("batch_tokens", None)
+    evaluation = data.get("eval", {})
+    evaluation.pop("batch_tokens", None)
+    # the fast scorer is what ran before eval.numerics existed: runs stored then still match
+    if evaluation.get("numerics") == "fast":
+        evaluation.pop("numerics")
+        evaluation.pop("lm_eval_batch_size", None)
     task = data.get("task", {})
     # only the protocol that runs decides the numbers: OpenCompass's versions leave lm-eval runs alone
     offered = task.pop("protocols", None) or {}
