@@ -9,7 +9,7 @@ import shutil
 
 from mlflow.tracking import MlflowClient
 
-from conftest import MC_FIXTURE, compose_cfg
+from conftest import FIXTURES, MC_FIXTURE, compose_cfg
 from prunebench.inputs import digest, job_inputs
 from prunebench.job import run
 from prunebench.tracking.run_key import run_key
@@ -66,3 +66,17 @@ def test_a_file_rewritten_is_hashed_again_and_a_folder_by_its_names_and_sizes(tm
     before = digest(folder)
     (folder / "y.png").write_bytes(b"3")
     assert digest(folder) != before
+
+
+def test_piqas_labels_file_is_an_input_of_its_own(tmp_path):
+    """PIQA's release keeps the answers beside the questions: relabelling one is a changed input."""
+    folder = tmp_path / "piqa"
+    shutil.copytree(FIXTURES / "benchmarks" / "piqa", folder)
+    cfg = compose_cfg(["model=tiny-llama", "task=piqa", f"task.tasks.piqa.source.path={folder / 'valid.jsonl'}",
+                       "pruner=none"])
+    inputs = job_inputs(cfg, validate(cfg))["task:piqa"]
+    labels = folder / "valid-labels.lst"
+    assert set(inputs) == {str((folder / "valid.jsonl").resolve()), str(labels.resolve())}
+    flipped = [str(1 - int(v)) for v in labels.read_text().split()]
+    labels.write_text("\n".join(flipped) + "\n")
+    assert job_inputs(cfg, validate(cfg))["task:piqa"][str(labels.resolve())] != inputs[str(labels.resolve())]

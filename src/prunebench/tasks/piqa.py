@@ -13,6 +13,12 @@ def labels_file(path: Path) -> Path:
     return path.with_name(path.name.split(".")[0] + "-labels.lst")
 
 
+def companion_files(path: Path) -> list[Path]:
+    """What `read` reads besides `path` (sources.BenchmarkSource.data_ids: part of the run's inputs)."""
+    labels = labels_file(path)
+    return [labels] if labels.is_file() else []
+
+
 def read(path: Path) -> list[dict]:
     docs = read_records(path)
     if not docs or "label" in docs[0]:

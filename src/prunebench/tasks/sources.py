@@ -4,6 +4,7 @@ cheaply before any model loads."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -174,6 +175,14 @@ class BenchmarkSource(DocSource):
     def describe(self) -> str:
         where = self.location()
         return str(where) if where is not None else f"hf:{self.hub}/{self.name or ''}:{self.split}"
+
+    def data_ids(self) -> set[str]:
+        """The documents' file and the files its reader also reads beside it (PIQA's labels): its
+        module's `companion_files(path)`, so that a changed labels file is a changed input too."""
+        where = self.location()
+        companions = getattr(importlib.import_module(self.reader.rsplit(".", 1)[0]), "companion_files", None)
+        extra = {str(p) for p in companions(where)} if where is not None and where.is_file() and companions else set()
+        return {self.describe(), *extra}
 
 
 class BigBenchSource(DocSource):
