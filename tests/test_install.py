@@ -4,6 +4,7 @@ a folder that is not the checkout."""
 from __future__ import annotations
 
 import shutil
+import os
 import subprocess
 import sys
 import sysconfig
@@ -41,11 +42,12 @@ def test_wheel_in_a_fresh_venv_composes_its_own_configs_and_runs_a_job(tmp_path)
 
     work = tmp_path / "elsewhere"
     work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the wheel may provide prunebench
     located = subprocess.run([venv / "bin" / "python", "-c", "import prunebench.paths as c; print(c.CONF_DIR)"],
-                             cwd=work, check=True, capture_output=True, text=True).stdout.strip()
+                             cwd=work, check=True, capture_output=True, text=True, env=env).stdout.strip()
     assert located == str(site / "prunebench" / "conf")
     job = subprocess.run([venv / "bin" / "prunebench", "model=tiny-llama", "pruner=none", "task=local_mc",
                           f"task.tasks.local_mc.source.path={MC_FIXTURE}", f"tracking.uri=sqlite:///{work}/mlflow.db"],
-                         cwd=work, capture_output=True, text=True, timeout=600)
+                         cwd=work, capture_output=True, text=True, timeout=600, env=env)
     assert job.returncode == 0, job.stderr[-3000:]
     assert (work / "mlflow.db").is_file()
