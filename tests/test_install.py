@@ -3,8 +3,8 @@ a folder that is not the checkout."""
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
