@@ -395,5 +395,5 @@ def test_corpus_metrics_refuse_documents_they_cannot_score(tmp_path):
 
 
 def test_classifier_task_refuses_a_causal_lm_before_loading(glue_dir):
-    with pytest.raises(ConfigError, match="task sst2 cannot evaluate model='tiny-llama'.*encoder"):
+    with pytest.raises(ConfigError, match=r"task sst2 \(classify requests\) cannot evaluate model='tiny-llama'.*encoder"):
         validate(compose_cfg(["model=tiny-llama", "task=sst2", f"data_dir={glue_dir}", "sparsity=0"]))

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from prunebench.corpora import task_data_ids
 from prunebench.tracking.run_key import is_dense
+from prunebench.validate import calibration_config
 
 CHUNK = 1 << 20
 
@@ -68,7 +69,7 @@ def job_inputs(cfg: DictConfig, tasks: dict) -> dict[str, dict[str, str]]:
     calibrates (a dense job reads no calibration data). Contexts reading only the hub are left out."""
     inputs = {f"task:{name}": task_ids(task) for name, task in tasks.items()}
     if not is_dense(cfg) and get_class(cfg.pruner._target_).needs_calibration and cfg.calib.get("_target_"):
-        calib = instantiate(cfg.calib, _convert_="all")
+        calib = instantiate(calibration_config(cfg), _convert_="all")
         inputs["calib"] = (calib.corpus.data_ids() if hasattr(calib, "corpus") else task_data_ids(calib.task))
     out = {context: {str(p): digest(p) for p in local_paths(ids)} for context, ids in inputs.items()}
     return {context: files for context, files in out.items() if files}
