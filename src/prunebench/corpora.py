@@ -167,9 +167,12 @@ def task_data_ids(task) -> set[str]:
     """What an evaluation task reads: its corpus's names, or its document source's description."""
     if hasattr(task, "data_ids"):
         return task.data_ids()
-    if hasattr(task.source, "data_ids"):
-        return {data_id(i) for i in task.source.data_ids()}
-    return {data_id(task.source.describe())}
+    source = getattr(task, "source", None)
+    if source is None:  # a task that makes its documents itself reads no data
+        return set()
+    if hasattr(source, "data_ids"):
+        return {data_id(i) for i in source.data_ids()}
+    return {data_id(source.describe())}
 
 
 class TaskText(TextCorpus):
