@@ -77,7 +77,8 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     uri = store.tracking_uri(cfg.tracking.uri)
     exp_id = store.experiment_id(uri, cfg.tracking.experiment)
     dense = is_dense(cfg)
-    baseline = None if dense else store.finished_run(uri, exp_id, dense_key(cfg, inputs))
+    baseline_key = None if dense else dense_key(cfg, inputs)
+    baseline = None if dense else store.finished_run(uri, exp_id, baseline_key)
     if baseline is not None and parent_run_id:  # the sweep's report shows the baseline its cells compare with
         record_cell(uri, parent_run_id, baseline)
     if cfg.tracking.skip_existing:
@@ -118,10 +119,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         lower = frozenset(n for n, t in scored.items() if t.lower_is_better)
         dense_primary = primary
         if not dense:
-            dense_run = store.finished_run(uri, exp_id, dense_key(cfg, inputs))
+            dense_run = store.finished_run(uri, exp_id, baseline_key)  # again: ensure_dense may have just made it
             dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in scored.items()}
             if dense_run is None:
-                log.warning("no FINISHED dense run for key %s yet: stability not logged", dense_key(cfg, inputs))
+                log.warning("no FINISHED dense run for key %s yet: stability not logged", baseline_key)
         if dense_primary:
             values, excluded = stability(primary, dense_primary, lower)
             metrics.update(values)

@@ -82,18 +82,20 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
+def reads_images(task) -> bool:
+    return any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task]))
+
+
 def task_families(task) -> frozenset[str] | None:
     """The model families that can answer a task: its own `families`, else its request kind's; a
     task whose requests carry images needs a vision-language model. None: no constraint known."""
-    families = getattr(task, "families", None) or KIND_FAMILIES.get(task.kind)
-    if any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task])):
-        families = IMAGE_FAMILIES
-    return families
+    if reads_images(task):
+        return IMAGE_FAMILIES
+    return getattr(task, "families", None) or KIND_FAMILIES.get(task.kind)
 
 
 def describe_kind(task) -> str:
-    images = any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task]))
-    return f"{task.kind} requests" + (" with images" if images else "")
+    return f"{task.kind} requests" + (" with images" if reads_images(task) else "")
 
 
 def validate(cfg: DictConfig) -> dict:
