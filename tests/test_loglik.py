@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -82,7 +84,7 @@ def test_one_batch_of_documents_equals_per_choice_reference(config, max_length, 
 def test_batching_and_logit_chunks_do_not_change_scores():
     loaded = load_tiny(name="t", config=GEMMA3, seed=2)
     docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]
-    together = score_documents(loaded, docs, logits_bytes=1)  # one LM-head row at a time
+    together = score_documents(loaded, docs, rows=1, vocab_block=7)  # one LM-head row, 7 tokens at a time
     for doc, scores in zip(docs, together):
         alone = score_choices(loaded, doc.inputs, doc.cont_lens, doc.conts)
         for (a, ga), (b, gb) in zip(scores, alone):
@@ -94,6 +96,26 @@ def test_common_prefix_len():
     assert common_prefix_len([[5], [6]]) == 0
 
 
-def test_padded_runs_bound_padding_and_keep_empty_items_apart():
-    assert padded_runs([40, 31, 30, 12, 9, 8, 2, 1], int) == [[40, 31, 30], [12, 9, 8], [2, 1]]
-    assert padded_runs([3, 0, 0], int) == [[3], [0, 0]]
+def test_padded_runs_pay_the_fewest_positions_and_keep_empty_items_apart():
+    lengths = [40, 31, 30, 12, 9, 8, 2, 1]
+    assert padded_runs(lengths, int, forward_cost=64) == [[40, 31, 30], [12, 9, 8, 2, 1]]  # 120 + 60 + 2 x 64
+    assert padded_runs(lengths, int, forward_cost=0) == [[n] for n in lengths]
+    assert padded_runs(lengths, int, forward_cost=10**6) == [lengths]
+    assert padded_runs([3, 0, 0], int, forward_cost=10**6) == [[3], [0, 0]]
+    assert padded_runs([], int) == []
+
+
+def test_padded_runs_are_the_cheapest_cut():
+    """Against every way of cutting the sorted items (brute force over 2^(n-1) cut sets)."""
+    gen = random.Random(0)
+    for _ in range(200):
+        lengths = sorted((gen.randint(0, 12) for _ in range(gen.randint(1, 9))), reverse=True)
+        cost = gen.choice([0, 3, 16, 64])
+        def paid(runs):
+            return sum(len(run) * run[0] + cost for run in runs)
+        cuts = [[lengths[a:b] for a, b in zip((0, *c), (*c, len(lengths)))]
+                for k in range(len(lengths)) for c in itertools.combinations(range(1, len(lengths)), k)]
+        allowed = [runs for runs in cuts if all(run[0] == 0 or run[-1] > 0 for run in runs)]
+        got = padded_runs(lengths, int, forward_cost=cost)
+        assert sum(got, []) == lengths and got in allowed
+        assert paid(got) == min(paid(runs) for runs in allowed)

@@ -13,9 +13,10 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg, reordered, shared_file
 from prunebench.corpora import TextCorpus
+from prunebench.evaluation.encoding import window_prefix
 from prunebench.evaluation.perplexity import window_nll
 from prunebench.evaluation.registry import evaluation
-from prunebench.evaluation.windows import token_windows, window_prefix
+from prunebench.evaluation.windows import token_windows
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
 from prunebench.tasks.perplexity import PerplexityTask

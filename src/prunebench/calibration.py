@@ -12,7 +12,7 @@ import random
 import torch
 
 from prunebench.corpora import C4, Alpaca, TaskText, TextCorpus, TextFile, WikiText2, task_data_ids
-from prunebench.evaluation.windows import window_prefix
+from prunebench.evaluation.encoding import window_prefix
 
 SAMPLING = ("stream", "document")
 

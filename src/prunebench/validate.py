@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.calibration import LabelledCalibration
-from prunebench.evaluation.loglikelihood import check_numerics
+from prunebench.evaluation.numerics import check_numerics
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server

@@ -1,4 +1,5 @@
-"""Context/continuation tokenisation exactly as lm-eval's HFLM does it."""
+"""Context/continuation tokenisation exactly as lm-eval's HFLM does it, and the BOS a window of
+tokens starts with."""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def model_input(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[
     positions predict continuation tokens (all of them, unless the continuation alone overflows)."""
     full = (ctx + cont)[-(max_length + 1):][:-1]
     return full, min(len(cont), len(full))
+
+
+def window_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
+    """The token each window starts with: BOS when the tokenizer adds one by default (Llama,
+    Gemma; lm-eval's rule for `add_bos=None`) or when forced, else nothing.
+
+    Gemma's outputs without a leading BOS are far from its trained distribution, so windows cut
+    from the middle of a stream get one too; a window's first text token is then predicted from it."""
+    bos = tokenizer.bos_token_id
+    if add_bos is False or bos is None:
+        return []
+    if add_bos is None and tokenizer.encode("a")[:1] != [bos]:
+        return []
+    return [bos]

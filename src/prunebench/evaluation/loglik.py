@@ -10,9 +10,9 @@ windows of its unpadded sequence: the result equals the plain one-sequence-per-c
 (tests hold it to 1e-4 in fp32).
 
 Only the positions that predict continuation tokens go through the LM head and log-softmax, each
-position once even when several choices score from it (at least the context's last token): with
-Gemma's 262k vocabulary the full [batch, length, vocab] tensor that lm-eval builds is most of its
-cost.
+position once even when several choices score from it (at least the context's last token), and
+without the full logits ever held (head.token_logprobs): with Gemma's 262k vocabulary the full
+[batch, length, vocab] tensor that lm-eval builds is most of its cost.
 
 Routing telemetry (MoE) counts the real tokens of every forward (`LoadedModel.counted`; padding
 never): a shared context once per document as it is computed, or with `context_per_option` once per
@@ -27,13 +27,8 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from prunebench.evaluation.batching import left_pad
+from prunebench.evaluation.head import token_logprobs
 from prunebench.models.loaded import LoadedModel
-
-# fp32 logits held at once by the LM head: chunking keeps the peak independent of how many
-# continuation tokens a batch has; 256 MiB is still >= 128 rows of a 262k vocabulary, enough rows
-# for the matmul to run at full speed.
-LOGITS_BYTES = 256 * 2**20
-
 
 class Requests(Protocol):
     """One document's loglikelihood requests: `inputs[i]` is the fed sequence of choice i, whose last
@@ -52,20 +47,34 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
     return n
 
 
-def padded_runs(items: list, length: Callable[[object], int]) -> list[list]:
-    """`items` sorted longest first, cut where one more item would pad a run (to its first item's
-    length) by more than a quarter of its width and more than 4 tokens: padding stays bounded, and
-    items of nearly equal short lengths still share a forward. An empty item never joins non-empty
-    ones, so no row is all padding."""
-    runs: list[list] = []
-    for item in items:
-        if runs:
-            width, n = length(runs[-1][0]), length(item)
-            if width - n <= max(4, width // 4) and (n or not width):
-                runs[-1].append(item)
+# what one more forward costs, in padded positions: reading every weight once, whatever the batch
+# (gemma3-270m bf16 on this project's CPU: 40 ms a forward beside 0.5 ms a position, so 80; a 7B
+# model's 14 GB read against its per-token matmuls gives about the same)
+FORWARD_COST = 64
+
+
+def padded_runs(items: list, length: Callable[[object], int], forward_cost: int = FORWARD_COST) -> list[list]:
+    """`items` sorted longest first, cut into consecutive runs, each padded to its first item's
+    length, so that the padded positions plus `forward_cost` per run are fewest: one forward per
+    run, and padding that costs more than a forward never paid. An exact search over the cut points
+    between distinct lengths (few: these are token counts), O(lengths^2). An empty item never joins
+    non-empty ones, so no row is all padding."""
+    lengths = [length(item) for item in items]
+    bounds = [k for k in range(len(items)) if k == 0 or lengths[k] != lengths[k - 1]] + [len(items)]
+    cost, cut = [0] + [None] * (len(bounds) - 1), [0] * len(bounds)
+    for end in range(1, len(bounds)):
+        for begin in range(end):
+            width = lengths[bounds[begin]]
+            if width and not lengths[bounds[end] - 1]:
                 continue
-        runs.append([item])
-    return runs
+            total = cost[begin] + (bounds[end] - bounds[begin]) * width + forward_cost
+            if cost[end] is None or total < cost[end]:
+                cost[end], cut[end] = total, begin
+    runs, end = [], len(bounds) - 1
+    while end:
+        runs.append(items[bounds[cut[end]]:bounds[end]])
+        end = cut[end]
+    return runs[::-1]
 
 
 class _ScoredPositions:
@@ -158,10 +167,11 @@ def _run_forwards(model: LoadedModel, docs: Sequence[Requests], shared: list[int
 
 
 @torch.inference_mode()
-def score_documents(model: LoadedModel, docs: Sequence[Requests], logits_bytes: int = LOGITS_BYTES,
-                    context_per_option: bool = False) -> list[list[tuple[float, bool]]]:
+def score_documents(model: LoadedModel, docs: Sequence[Requests], context_per_option: bool = False,
+                    **head) -> list[list[tuple[float, bool]]]:
     """Per document, per choice: (sum log p(continuation), continuation is the greedy decode).
-    `context_per_option`: telemetry counts a shared context once per choice (numerics unchanged)."""
+    `context_per_option`: telemetry counts a shared context once per choice (numerics unchanged).
+    `head`: head.token_logprobs's blocking (rows, vocab_block)."""
     device = model.device
     shared = [common_prefix_len(doc.inputs) for doc in docs]
     scored = _run_forwards(model, docs, shared, context_per_option, device)
@@ -176,15 +186,7 @@ def score_documents(model: LoadedModel, docs: Sequence[Requests], logits_bytes: 
     entry_rows = torch.tensor(entry_rows, device=device)
     targets = torch.tensor(targets, device=device)
 
-    token_lp = torch.empty(len(targets), device=device)
-    greedy = torch.empty(len(targets), dtype=torch.bool, device=device)
-    chunk = max(1, logits_bytes // (4 * model.vocab_size))
-    for start in range(0, hidden.shape[0], chunk):
-        logprobs = torch.log_softmax(model.lm_logits(hidden[start:start + chunk]).float(), dim=-1)
-        sel = (entry_rows >= start) & (entry_rows < start + chunk)
-        rows = entry_rows[sel] - start
-        token_lp[sel] = logprobs[rows, targets[sel]]
-        greedy[sel] = logprobs.argmax(-1)[rows] == targets[sel]
+    token_lp, greedy = token_logprobs(model, hidden, targets, entry_rows, **head)
     token_lp, greedy = token_lp.tolist(), greedy.tolist()
 
     out, pos = [], 0

@@ -24,6 +24,7 @@ from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
+from prunebench.evaluation.numerics import check_numerics
 from prunebench.models.loaded import LoadedModel
 
 
@@ -86,19 +87,6 @@ class LoglikelihoodDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
-
-
-# eval.numerics: how the log-likelihoods are computed (docs/commonsense.md, "Numerics")
-NUMERICS = ("fast", "lm_eval")
-
-
-def check_numerics(options) -> None:
-    numerics, rows = options.get("numerics", "fast"), options.get("lm_eval_batch_size", 1)
-    if numerics not in NUMERICS:
-        raise ValueError(f"eval.numerics={numerics!r}; valid: {list(NUMERICS)} (fast: shared-context KV cache, "
-                         f"fp32 log-softmax; lm_eval: lm-eval HFLM's own computation in the model's dtype)")
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"eval.lm_eval_batch_size={rows!r}: a positive integer, lm-eval's --batch_size")
 
 
 class LoglikelihoodModule(L.LightningModule):

@@ -8,17 +8,13 @@ import math
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 import torchmetrics
 
 from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
+from prunebench.evaluation.head import token_logprobs
 from prunebench.evaluation.windows import TokenWindowDataModule
 from prunebench.models.loaded import LoadedModel
-
-# logits held at once: with Gemma's 262k vocabulary a whole 2048-token window would take 2 GB
-LOGIT_BUDGET = 1 << 26
-
 
 class TokenPerplexity(torchmetrics.Metric):
     """exp(summed token NLL / predicted tokens); torchmetrics' Perplexity wants the full logits tensor
@@ -42,17 +38,12 @@ class TokenPerplexity(torchmetrics.Metric):
 
 @torch.inference_mode()
 def window_nll(model: LoadedModel, windows: torch.Tensor) -> torch.Tensor:
-    """Summed NLL of positions 1.. of each window given the positions before it; the LM head runs
-    on a few positions at a time."""
+    """Summed NLL of positions 1.. of each window given the positions before it (the LM head
+    blocked, head.token_logprobs: a whole window's logits would take 2 GB at Gemma's vocabulary)."""
     hidden = model.decoder()(input_ids=windows, use_cache=False).last_hidden_state[:, :-1]
     targets = windows[:, 1:]
-    step = max(1, LOGIT_BUDGET // model.vocab_size)
-    out = torch.zeros(len(windows), dtype=torch.float64, device=windows.device)
-    for row in range(len(windows)):
-        for start in range(0, targets.shape[1], step):
-            logits = model.lm_logits(hidden[row, start:start + step]).float()
-            out[row] += F.cross_entropy(logits, targets[row, start:start + step], reduction="sum").double()
-    return out
+    return torch.stack([-token_logprobs(model, hidden[row], targets[row])[0].double().sum()
+                        for row in range(len(windows))])
 
 
 class PerplexityModule(L.LightningModule):

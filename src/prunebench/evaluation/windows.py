@@ -7,19 +7,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-
-def window_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
-    """The token each window starts with: BOS when the tokenizer adds one by default (Llama,
-    Gemma; lm-eval's rule for `add_bos=None`) or when forced, else nothing.
-
-    Gemma's outputs without a leading BOS are far from its trained distribution, so windows cut
-    from the middle of a stream get one too; a window's first text token is then predicted from it."""
-    bos = tokenizer.bos_token_id
-    if add_bos is False or bos is None:
-        return []
-    if add_bos is None and tokenizer.encode("a")[:1] != [bos]:
-        return []
-    return [bos]
+from prunebench.evaluation.encoding import window_prefix
 
 
 def token_windows(ids: list[int], seq_len: int, prefix: list[int]) -> torch.Tensor:

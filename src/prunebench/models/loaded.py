@@ -45,11 +45,19 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
-    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def lm_logits(self, hidden: torch.Tensor, vocab: slice | None = None) -> torch.Tensor:
         """The LM head over `hidden`, then what the families known here do after it in their own
         forward: Cohere's `logit_scale`, Granite's `logits_scaling`, Gemma's final soft-capping.
-        `check_lm_head` refuses a model whose forward does anything else."""
-        logits = self.model.get_output_embeddings()(hidden)
+        `check_lm_head` refuses a model whose forward does anything else. `vocab`: only those
+        tokens' logits, computed from those rows of the head alone when it is a plain linear layer."""
+        head = self.model.get_output_embeddings()
+        if vocab is None:
+            logits = head(hidden)
+        elif type(head) is torch.nn.Linear:
+            bias = head.bias[vocab] if head.bias is not None else None
+            logits = torch.nn.functional.linear(hidden, head.weight[vocab], bias)
+        else:
+            logits = head(hidden)[..., vocab]
         config = getattr(self.model.config, "text_config", self.model.config)
         scale = getattr(config, "logit_scale", None)
         if scale:
