@@ -23,6 +23,15 @@ def test_the_job_copy_goes_to_model_device_while_the_pristine_model_stays_on_the
     assert pristine.device.type == "cpu"
 
 
+def test_each_job_gets_its_own_weights_and_shares_the_tokenizer():
+    cfg = compose_cfg(["model=tiny-llama"])
+    first, second = cache.get_model(cfg.model), cache.get_model(cfg.model)
+    with torch.no_grad():
+        next(first.model.parameters()).zero_()  # a job pruning its copy
+    assert next(second.model.parameters()).abs().sum() > 0
+    assert first.tokenizer is second.tokenizer is next(iter(cache._PRISTINE.values())).tokenizer
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     """tiny-llama saved as a Hugging Face checkpoint, so the from_pretrained loader reads it."""

@@ -18,16 +18,15 @@ LM_EVAL_FOLDERS = {"arc_easy": "arc", "arc_challenge": "arc", "hellaswag": "hell
 
 def reference_tasks(tasks: dict, folder: Path) -> dict:
     """{name: lm-eval Task} over the same source documents as our `tasks` (before process_docs)."""
-    import lm_eval.tasks
-    from lm_eval.tasks import TaskManager
+    return load_reference(reference_members(tasks, folder))
 
+
+def reference_members(tasks: dict, folder: Path) -> list[dict]:
+    """Each task's documents written to `folder` as JSON lines in the hub's schema -> the lm-eval
+    group members that read them (JSON: a separate lm-eval process can load them)."""
     unknown = sorted(set(tasks) - set(LM_EVAL_FOLDERS))
     if unknown:
         raise ValueError(f"no lm-eval task definition known for {unknown}; known: {sorted(LM_EVAL_FOLDERS)}")
-    root = Path(lm_eval.tasks.__file__).parent
-    # indexing only these folders takes a second; lm-eval's whole task tree takes many
-    manager = TaskManager(include_defaults=False,
-                          include_path=sorted({str(root / LM_EVAL_FOLDERS[n]) for n in tasks}))
     members = []
     for name, task in tasks.items():
         path = Path(folder) / f"{name}.jsonl"
@@ -36,6 +35,18 @@ def reference_tasks(tasks: dict, folder: Path) -> dict:
         splits = {split: str(path) for split in ("train", "validation", "test")}
         members.append({"task": name, "dataset_path": "json", "dataset_name": None,
                         "dataset_kwargs": {"data_files": splits}})
+    return members
+
+
+def load_reference(members: list[dict]) -> dict:
+    """{name: lm-eval Task} for `reference_members`' members, through lm-eval's own task definitions."""
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    root = Path(lm_eval.tasks.__file__).parent
+    # indexing only these folders takes a second; lm-eval's whole task tree takes many
+    manager = TaskManager(include_defaults=False,
+                          include_path=sorted({str(root / LM_EVAL_FOLDERS[m["task"]]) for m in members}))
     # overrides reach a task only as a member of a group
     return manager.load({"group": "prunebench_reference", "task": members})["tasks"]
 

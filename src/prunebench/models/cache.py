@@ -30,6 +30,10 @@ def get_model(model_cfg: DictConfig) -> LoadedModel:
     if key not in _PRISTINE:
         _PRISTINE.clear()  # a sweep over models keeps one in memory at a time
         _PRISTINE[key] = instantiate({**options, "device": "cpu"}, _convert_="all")
-    loaded = copy.deepcopy(_PRISTINE[key])
+    pristine = _PRISTINE[key]
+    # tokenizer and processor are read, never changed, by a job: shared, not copied (a deepcopy of
+    # Gemma's 262k-token tokenizer took 1.9 s, of its model 0.2 s)
+    shared = {id(pristine.tokenizer): pristine.tokenizer, id(pristine.processor): pristine.processor}
+    loaded = copy.deepcopy(pristine, memo=shared)
     loaded.model.to(model_cfg.device)
     return loaded
