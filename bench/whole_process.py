@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from prunebench.evaluation.lm_eval_reference import reference_members
 from prunebench.models.gemma_gguf import converted_gemma3_270m
 from prunebench.paths import CONF_DIR
 from prunebench.validate import validate
+
+from overhead import children_cpu  # bench/, beside this script
 
 LM_EVAL = """
 import json, sys
@@ -47,14 +48,12 @@ print(json.dumps({name: {m: sum(d[m] for d in docs) / len(docs) for m in ("acc",
 
 def timed(command: list[str], env: dict, cwd: str) -> tuple[float, float, str]:
     """(wall s, CPU s, stdout) of one child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu()
     out = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, cpu = time.perf_counter() - start, children_cpu() - cpu
     if out.returncode:
         raise SystemExit(f"{' '.join(command[:4])} ... failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, out.stdout
+    return wall, cpu, out.stdout
 
 
 def recorded_scores(uri: str, scores_of: dict) -> dict:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.calibration import LabelledCalibration
-from prunebench.evaluation.numerics import check_numerics
+from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
@@ -131,7 +131,7 @@ def validate(cfg: DictConfig) -> dict:
     if not cfg.task.get("tasks"):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     try:
-        check_numerics(cfg.get("eval") or {})
+        lm_eval_rows(cfg.get("eval") or {})
     except ValueError as err:
         raise ConfigError(str(err)) from err
     tasks = build_tasks(cfg)

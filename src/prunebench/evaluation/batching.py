@@ -3,6 +3,8 @@ requests with images refused."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -28,6 +30,15 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
         ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
         mask[row, width - len(seq):] = 1
     return ids, mask
+
+
+def right_pad(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """ids [n, longest], padded with 0 after each sequence: for causal forwards whose padding only
+    follows the real tokens, so no row's real token ever attends to it."""
+    ids = torch.zeros((len(seqs), max(len(s) for s in seqs)), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return ids
 
 
 def refuse_images(task, document) -> None:

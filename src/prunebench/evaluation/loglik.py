@@ -26,9 +26,10 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from prunebench.evaluation.batching import left_pad
+from prunebench.evaluation.batching import left_pad, right_pad
 from prunebench.evaluation.head import token_logprobs
 from prunebench.models.loaded import LoadedModel
+
 
 class Requests(Protocol):
     """One document's loglikelihood requests: `inputs[i]` is the fed sequence of choice i, whose last
@@ -115,10 +116,8 @@ def _suffix_pass(model: LoadedModel, suffixes: list[list[int]], starts: list[int
     """Right-padded suffixes (harmless: causal, so without a cache no mask is passed; telemetry
     still learns which positions are real) starting at positions `starts`, each attending to row
     `cache_rows[i]` of the prefix cache -> hidden [n, width, H]."""
-    width = max(len(s) for s in suffixes)
-    ids = torch.zeros((len(suffixes), width), dtype=torch.long)
-    for row, suffix in enumerate(suffixes):
-        ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+    ids = right_pad(suffixes)
+    width = ids.shape[1]
     positions = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
     real = (torch.arange(width)[None, :] < torch.tensor([len(s) for s in suffixes])[:, None]).long()
     mask = None

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from prunebench.evaluation.batching import right_pad
 from prunebench.models.loaded import LoadedModel
 
 
@@ -39,10 +40,7 @@ def score_documents_lm_eval(model: LoadedModel, docs: Sequence, batch_size: int)
     out = [[None] * len(doc.inputs) for doc in docs]
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
-        ids = torch.zeros((len(batch), len(batch[0])), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        logprobs = torch.log_softmax(hf(ids.to(device)).logits, dim=-1)
+        logprobs = torch.log_softmax(hf(right_pad(batch).to(device)).logits, dim=-1)
         for row, seq in enumerate(batch):
             for d, c in requests[seq]:
                 clen = docs[d].cont_lens[c]

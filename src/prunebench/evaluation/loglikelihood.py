@@ -24,7 +24,7 @@ from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
-from prunebench.evaluation.numerics import check_numerics
+from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.loaded import LoadedModel
 
 
@@ -125,12 +125,11 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
                                                                                LoglikelihoodModule]:
     """The task's metrics see every document before any model time is spent (`metric_objects`:
     the classes MCC and F1 count, and documents they cannot score refused)."""
-    check_numerics(options)
-    lm_eval_rows = options.get("lm_eval_batch_size", 1) if options.get("numerics", "fast") == "lm_eval" else None
-    if not lm_eval_rows:
+    rows = lm_eval_rows(options)
+    if not rows:
         model.check_lm_head()
     data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos,
-                                   whole_task=bool(lm_eval_rows))
+                                   whole_task=bool(rows))
     data.setup("test")
     metrics = task.metric_objects([doc.document for batch in data.batches for doc in batch])
-    return data, LoglikelihoodModule(model, task, metrics, lm_eval_rows)
+    return data, LoglikelihoodModule(model, task, metrics, rows)

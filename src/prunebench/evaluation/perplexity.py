@@ -16,6 +16,7 @@ from prunebench.evaluation.head import token_logprobs
 from prunebench.evaluation.windows import TokenWindowDataModule
 from prunebench.models.loaded import LoadedModel
 
+
 class TokenPerplexity(torchmetrics.Metric):
     """exp(summed token NLL / predicted tokens); torchmetrics' Perplexity wants the full logits tensor
     and takes log(softmax), which underflows on the tokens a pruned model finds unlikely."""
