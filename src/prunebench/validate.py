@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.calibration import LabelledCalibration
+from prunebench.paths import task_names
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks
@@ -66,7 +67,7 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
     task = calib.get("task")
     if task is not None and task.get("_target_") is not None:
         return calib
-    evaluated = list(cfg.task.get("tasks") or {})
+    evaluated = task_names(cfg.task)
     if len(evaluated) != 1:
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
                           f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
@@ -128,7 +129,7 @@ def validate(cfg: DictConfig) -> dict:
             pruner.check(float(ratio))
     except Exception as err:
         raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
-    if not cfg.task.get("tasks"):
+    if not task_names(cfg.task):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     try:
         lm_eval_rows(cfg.get("eval") or {})

@@ -68,6 +68,16 @@ class LoglikelihoodRolling:
 
 
 @dataclass
+class RollingText:
+    """lm-eval's `loglikelihood_rolling`: a whole document's log-likelihood, answered by the
+    loglikelihood engine as HFLM answers it (disjoint windows of the model's length, each a
+    loglikelihood request on tokens, summed). Response: a `LoglikelihoodResponse` of the sum."""
+
+    text: str
+    images: tuple = ()
+
+
+@dataclass
 class Document:
     """One document's requests, all of its task's kind, in the order its responses come back."""
 

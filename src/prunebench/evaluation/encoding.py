@@ -31,6 +31,19 @@ def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None
     return ctx, whole[len(ctx):]
 
 
+def rolling_windows(tokenizer, text: str, max_length: int, add_bos: bool | None = None
+                    ) -> list[tuple[list[int], list[int]]]:
+    """HFLM's loglikelihood_rolling: the text's tokens (its BOS rule) cut by lm-eval's own
+    get_rolling_token_windows into disjoint (context, continuation) windows of max_length, the
+    first predicted from the prefix token (BOS, else EOS)."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    windows = get_rolling_token_windows(token_list=encode(tokenizer, text, add_bos), prefix_token=prefix,
+                                        max_seq_len=max_length, context_len=1)
+    return [make_disjoint_window(window) for window in windows]
+
+
 def model_input(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], int]:
     """Left-truncated input (the last continuation token is never fed) and how many of its last
     positions predict continuation tokens (all of them, unless the continuation alone overflows)."""

@@ -116,8 +116,8 @@ class GenerationModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if self.corpus:
             values, self.group_stderr = self.corpus(self.records)
-            for metric, value in values.items():
-                self.log(f"{self.task.name}/{metric}", value)
+            for metric, value in values.items():  # a member's `<member>/<metric>` as named (lm-eval groups)
+                self.log(metric if "/" in metric else f"{self.task.name}/{metric}", value)
             return
         sizes = {name: sum(r["task"] == name for r in self.records) for name in self.members}
         for metric in self.metric_names:

@@ -19,9 +19,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from prunebench.api.metrics import records_stderr, update_from_records
-from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse
+from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
 from prunebench.evaluation.batching import pack, refuse_images
-from prunebench.evaluation.encoding import encode, encode_pair, model_input
+from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
 from prunebench.evaluation.loglik import common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
 from prunebench.evaluation.numerics import lm_eval_rows
@@ -34,6 +34,17 @@ class EncodedDoc:
     inputs: list[list[int]]
     cont_lens: list[int]
     conts: list[list[int]]
+    spans: list[int] | None = None  # inputs per request (a RollingText's windows); None: one each
+
+    def responses(self, scored: list[tuple[float, bool]]) -> list[LoglikelihoodResponse]:
+        """Per request: its inputs' log-likelihoods summed (HFLM sums a rolling request's windows)."""
+        out, start = [], 0
+        for span in self.spans or [1] * len(scored):
+            part = slice(start, start + span)
+            out.append(LoglikelihoodResponse(sum(ll for ll, _ in scored[part]), all(g for _, g in scored[part]),
+                                              sum(self.cont_lens[part])))
+            start += span
+        return out
 
     @property
     def tokens(self) -> int:
@@ -70,14 +81,19 @@ class LoglikelihoodDataModule(L.LightningDataModule):
                                  f"than 2 tokens, nothing to score")
             return EncodedDoc(document, [ids[:-1] for ids in full], [len(ids) - 1 for ids in full],
                               [ids[1:] for ids in full])
-        inputs, lens, conts = [], [], []
+        inputs, lens, conts, spans = [], [], [], []
         for request in document.requests:
-            ctx, cont = encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos)
-            seq, clen = model_input(ctx, cont, self.max_length)
-            inputs.append(seq)
-            lens.append(clen)
-            conts.append(cont[-clen:])
-        return EncodedDoc(document, inputs, lens, conts)
+            if isinstance(request, RollingText):
+                pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos)
+            else:
+                pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos)]
+            for ctx, cont in pairs:
+                seq, clen = model_input(ctx, cont, self.max_length)
+                inputs.append(seq)
+                lens.append(clen)
+                conts.append(cont[-clen:])
+            spans.append(len(pairs))
+        return EncodedDoc(document, inputs, lens, conts, spans)
 
     def setup(self, stage: str | None = None) -> None:
         if self.batches:
@@ -99,6 +115,8 @@ class LoglikelihoodModule(L.LightningModule):
         # rows per forward of eval.numerics=lm_eval; None: the fast scorer
         self.lm_eval_batch_size = lm_eval_batch_size
         self.metrics = torch.nn.ModuleDict(metrics)
+        self.corpus = getattr(task, "corpus_metrics", None)
+        self.corpus_stderr: dict[str, float] = {}
         self.records: list[dict] = []
         # OpenCompass runs each option's whole text alone: its shared context counts once per option
         self.context_per_option = getattr(task, "loglikelihood_scoring", CONTINUATION) == WHOLE_TEXT
@@ -109,15 +127,24 @@ class LoglikelihoodModule(L.LightningModule):
         return score_documents(self.adapter, batch, context_per_option=self.context_per_option)
 
     def test_step(self, batch: list[EncodedDoc], batch_idx: int) -> None:
-        records = [self.task.process_results(doc.document, [LoglikelihoodResponse(ll, greedy, n) for (ll, greedy), n
-                                                            in zip(scored, doc.cont_lens)])
+        records = [self.task.process_results(doc.document, doc.responses(scored))
                    for doc, scored in zip(batch, self.score(batch))]
         update_from_records(self.metrics, records)
         self.records += records
         for name, metric in self.metrics.items():
             self.log(f"{self.task.name}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(batch))
 
+    def on_test_epoch_end(self) -> None:
+        """A task aggregating its records itself (an lm-eval task: lm-eval's aggregations) logs its
+        values here: `<task>/<metric>`, or a member's `<member>/<metric>` as named."""
+        if self.corpus:
+            values, self.corpus_stderr = self.corpus(self.records)
+            for name, value in values.items():
+                self.log(name if "/" in name else f"{self.task.name}/{name}", value)
+
     def stderr(self, name: str) -> float:
+        if self.corpus:
+            return self.corpus_stderr.get(name, float("nan"))
         return records_stderr(self.metrics[name], name, self.records)
 
 
@@ -131,5 +158,6 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
     data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos,
                                    whole_task=bool(rows))
     data.setup("test")
-    metrics = task.metric_objects([doc.document for batch in data.batches for doc in batch])
+    metrics = {} if hasattr(task, "corpus_metrics") else task.metric_objects(
+        [doc.document for batch in data.batches for doc in batch])
     return data, LoglikelihoodModule(model, task, metrics, rows)

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from prunebench.paths import CONF_DIR
+from prunebench.paths import CONF_DIR, task_names
 from prunebench.report.table import dense_first
 
 POOLED = "(one per task)"
@@ -32,7 +32,7 @@ def suite_members(conf_dir: str = CONF_DIR) -> dict[str, list[str]]:
     running = GlobalHydra.instance().is_initialized()
     with nullcontext() if running else initialize_config_dir(str(conf_dir), version_base="1.3"):
         options = [compose(f"task/{name}").task for name in candidates]
-    return {str(option.name): list(option.tasks) for option in options if len(option.get("tasks") or {}) > 1}
+    return {str(option.name): task_names(option) for option in options if len(task_names(option)) > 1}
 
 
 def single_task_results(runs: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,35 @@ from prunebench.api.errors import ConfigError
 
 # The protocol a task definition under task.tasks follows: lm-evaluation-harness's prompts and scoring.
 NATIVE_PROTOCOL = "lm_eval"
+LM_EVAL_TASK = "prunebench.tasks.lm_eval_task.LmEvalTask"
+LM_EVAL_ENTRY_KEYS = {"task", "name", "num_fewshot", "primary"}
+
+
+def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
+    """`task.lm_eval`'s entries (lm-eval names, or {task, name, num_fewshot, primary}) as task
+    definitions, with the options the task config shares (conf/task_library/_lm_eval.yaml) and data_dir."""
+    entries = cfg.task.get("lm_eval") or []
+    if isinstance(entries, str):
+        entries = [entries]
+    shared = {key: OmegaConf.to_container(cfg.task[key], resolve=True) if OmegaConf.is_config(cfg.task[key])
+              else cfg.task[key] for key in ("num_fewshot", "include_path", "data_files", "bootstrap_iters")}
+    definitions = {}
+    for i, entry in enumerate(entries):
+        where = f"task.lm_eval[{i}]"
+        entry = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+        if isinstance(entry, str):
+            entry = {"task": entry}
+        unknown = sorted(set(entry) - LM_EVAL_ENTRY_KEYS) if isinstance(entry, dict) else None
+        if unknown is None or "task" not in entry or unknown:
+            raise ConfigError(f"{where}={entry!r}: an lm-eval task name or a mapping with 'task' and any of "
+                              f"{sorted(LM_EVAL_ENTRY_KEYS - {'task'})}" + (f" (unknown: {unknown})" if unknown else ""))
+        name = entry.get("name") or entry["task"]
+        if name in definitions or name in (cfg.task.get("tasks") or {}):
+            raise ConfigError(f"{where}: task {name!r} is listed twice; give one a name of its own ({{task: {entry['task']}, name: ...}})")
+        definitions[name] = where, {"_target_": LM_EVAL_TASK, **shared, **{k: v for k, v in entry.items()},
+                                    "name": name, "num_fewshot": entry.get("num_fewshot", shared["num_fewshot"]),
+                                    "data_dir": cfg.get("data_dir")}
+    return definitions
 
 
 def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
@@ -37,7 +66,10 @@ def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
             definitions[name] = where, OmegaConf.to_container(OmegaConf.select(cfg, where), resolve=True)
         except Exception as err:
             raise ConfigError(f"{where} is misconfigured: {err}") from err
-    return definitions
+    lm_eval = lm_eval_definitions(cfg)
+    if lm_eval and protocol != NATIVE_PROTOCOL:
+        raise ConfigError(f"task.protocol={protocol!r}: lm-eval tasks {sorted(lm_eval)} have only lm-eval's version")
+    return {**definitions, **lm_eval}
 
 
 def build_tasks(cfg: DictConfig) -> dict:
@@ -46,10 +78,14 @@ def build_tasks(cfg: DictConfig) -> dict:
     tasks = {}
     for name, (where, definition) in task_definitions(cfg).items():
         label = f"task {name}" if where == f"task.tasks.{name}" else f"task {name} ({where})"
+        if where.startswith("task.lm_eval"):
+            label = f"lm-eval task {name} ({where})"
         try:
             task = instantiate(definition, _convert_="all")
             task.check()
         except FileNotFoundError as err:
+            if where.startswith("task.lm_eval"):
+                raise ConfigError(f"{label}: {err}") from err
             # sources name the task's config generically (task.tasks.<task>); here its path is known, and a
             # version whose source is interpolated reads the lm-eval task's documents, set there
             node = OmegaConf.select(cfg, where)

@@ -1,0 +1,142 @@
+"""lm-eval's tasks read HF hub datasets; this reads each from local files instead, the way lm-eval
+users do it (`dataset_path: json` with `data_files`): files the user names per task (in the hub's
+schema), or the files of a `data_dir` laid out as ../shared/data (lm_eval_layout.yaml), read by
+prunebench's release-format readers and written once as hub-schema JSON lines in the cache.
+
+The swap happens where lm-eval's TaskFactory reads a leaf task's config, so a group's every member
+(MMLU's 57 subjects) reads its own files, and every split the task evaluates or samples few-shot
+examples from is checked to exist before any model loads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from prunebench.cache import cache_dir, content_key
+from prunebench.tasks.sources import BenchmarkSource
+
+LAYOUT_FILE = Path(__file__).with_name("lm_eval_layout.yaml")
+SPLIT_KEYS = ("test_split", "validation_split", "training_split", "fewshot_split")
+
+
+@lru_cache(maxsize=1)
+def layout() -> dict:
+    return yaml.safe_load(LAYOUT_FILE.read_text(encoding="utf-8"))
+
+
+def eval_split(cfg: dict) -> str | None:
+    """The split lm-eval evaluates: test, else validation (ConfigurableTask.eval_docs)."""
+    return cfg.get("test_split") or cfg.get("validation_split")
+
+
+def fewshot_split(cfg: dict) -> str | None:
+    """Where lm-eval draws few-shot examples: fewshot_split, else training, else validation, else
+    test (ConfigurableTask.fewshot_docs); None when examples are written into the config."""
+    if (cfg.get("fewshot_config") or {}).get("samples"):
+        return None
+    return cfg.get("fewshot_split") or cfg.get("training_split") or cfg.get("validation_split") or cfg.get("test_split")
+
+
+def needed_splits(cfg: dict, num_fewshot: int | None) -> list[str]:
+    shots = cfg.get("num_fewshot") if num_fewshot is None else num_fewshot
+    wanted = [eval_split(cfg)] + ([fewshot_split(cfg)] if shots else [])
+    return list(dict.fromkeys(s for s in wanted if s))
+
+
+class LocalData:
+    """For one lm-eval task spec: `data_files` ({lm-eval task: {split: file}}, the hub's schema) or
+    `data_dir` (the layout table). `read` records every file a task read, for the run's inputs."""
+
+    def __init__(self, data_dir: str | None = None, data_files: dict | None = None, num_fewshot: int | None = None):
+        self.data_dir = data_dir
+        self.data_files = data_files or {}
+        self.num_fewshot = num_fewshot
+        self.read: set[str] = set()  # every local file a task read: the run's inputs
+
+    @property
+    def active(self) -> bool:
+        return bool(self.data_dir or self.data_files)
+
+    def localise(self, cfg: dict) -> dict:
+        """A leaf task's config reading local files (unchanged when no local data is configured).
+        Raises FileNotFoundError naming the task, split and file; ValueError when data_dir's layout
+        does not know the task's dataset."""
+        name = cfg["task"]
+        needed = needed_splits(cfg, self.num_fewshot)
+        if name in self.data_files:
+            files = {split: str(Path(path).expanduser()) for split, path in self.data_files[name].items()}
+            missing = [s for s in needed if s not in files]
+            if missing:
+                raise FileNotFoundError(f"lm-eval task {name}: task.data_files.{name} names no file for split(s) "
+                                        f"{missing}, which it reads (it has {sorted(files)})")
+            for split, path in files.items():
+                if not Path(path).is_file():
+                    raise FileNotFoundError(f"lm-eval task {name}: data file {path!r} (split {split}, "
+                                            f"task.data_files.{name}.{split}) does not exist")
+                self.read.add(path)
+            return self._json(cfg, files)
+        if not self.data_dir:
+            return cfg
+        hub, subset = cfg.get("dataset_path"), cfg.get("dataset_name")
+        table = layout().get(hub) or {}
+        splits = table.get(subset) or table.get("*")
+        if splits is None:
+            raise ValueError(f"lm-eval task {name} reads the hub dataset {hub}"
+                             f"{'/' + subset if subset else ''}, which data_dir's layout (lm_eval_layout.yaml) "
+                             f"does not place; give its files: task.data_files.{name}={{split: FILE}}")
+        files = {}
+        for split, entry in splits.items():
+            source = BenchmarkSource(hub=None, split=split, file=entry["file"].format(name=subset), data_dir=self.data_dir,
+                                     **({"reader": entry["reader"]} if "reader" in entry else {}))
+            where = source.location()
+            if not where.is_file():
+                if split in needed:
+                    raise FileNotFoundError(f"lm-eval task {name}: data file {str(where)!r} (data_dir={self.data_dir!r}"
+                                            f" + {entry['file'].format(name=subset)!r}, split {split}) does not exist")
+                continue
+            files[split] = self._converted(source, where)
+        return self._json(cfg, files)
+
+    def _converted(self, source: BenchmarkSource, where: Path) -> str:
+        """The source's documents in the hub's schema as JSON lines in the cache, keyed by the file's
+        content and the reader, so an edited file is read again."""
+        files = sorted(source.data_ids())  # the file and what its reader reads beside it (PIQA's labels)
+        key = content_key({"files": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files],
+                           "reader": source.reader})
+        self.read.update(files)
+        path = cache_dir("lm_eval_data") / f"{where.stem}-{key}.jsonl"
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in source.load()), encoding="utf-8")
+            tmp.replace(path)
+        return str(path)
+
+    @staticmethod
+    def _json(cfg: dict, files: dict[str, str]) -> dict:
+        """The config reading `files`; split keys naming a split without a file are cleared, so lm-eval
+        does not look for them (one the task needs was refused above)."""
+        out = {**cfg, "dataset_path": "json", "dataset_name": None,
+               "dataset_kwargs": {**(cfg.get("dataset_kwargs") or {}), "data_files": files}}
+        for key in SPLIT_KEYS:
+            if out.get(key) and out[key] not in files:
+                out[key] = None
+        return out
+
+
+def local_factory(local: LocalData, metadata: dict | None = None):
+    """lm-eval's TaskFactory with each leaf task's config passed through `local.localise` (the one
+    place lm-eval assembles a leaf's full config from its YAML and its group's overrides)."""
+    from lm_eval.tasks._factory import TaskFactory
+
+    class LocalDataFactory(TaskFactory):
+        def _load_full_config(self, entry, overrides=None):
+            cfg = super()._load_full_config(entry, overrides)
+            if isinstance(cfg.get("task"), str) and cfg.get("dataset_path"):
+                cfg = local.localise(cfg)
+            return cfg
+
+    return LocalDataFactory(meta=metadata)

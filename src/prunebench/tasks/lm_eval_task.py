@@ -1,0 +1,290 @@
+"""Any lm-evaluation-harness task, group or tag-free name, built by lm-eval's own TaskManager: its
+documents, few-shot examples (lm-eval's sampler and seed), requests, filters, per-document
+`process_results`, aggregations and group averages are lm-eval's code, run. prunebench's engines
+only answer the requests, by kind, in the Lightning test loop; nothing of a task is rewritten.
+
+One LmEvalTask is one name a user asked for. A group (MMLU) is one task here whose documents are
+all its members' documents; it logs the group's metrics as `<group>/<metric>` and every member's
+and subgroup's as `<member>/<metric>`, each with lm-eval's stderr."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from prunebench.api.requests import (GENERATE_UNTIL, LOGLIKELIHOOD, Document, GenerateUntil, Loglikelihood,
+                                     RollingText)
+from prunebench.tasks.lm_eval_data import LocalData, local_factory
+
+# lm-eval's output types -> the request kind our engines answer them as (multiple_choice is
+# loglikelihood requests, one per choice; loglikelihood_rolling is scored as windows of them)
+KINDS = {"multiple_choice": LOGLIKELIHOOD, "loglikelihood": LOGLIKELIHOOD, "loglikelihood_rolling": LOGLIKELIHOOD,
+         "generate_until": GENERATE_UNTIL}
+FEWSHOT_SEED = 1234  # simple_evaluate's fewshot_random_seed
+BOOTSTRAP_ITERS = 100000  # simple_evaluate's bootstrap_iters (stderr of perplexity, F1, MCC)
+HFLM_MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs name none
+
+
+@lru_cache(maxsize=4)
+def task_index(include_path: tuple[str, ...] = ()):
+    """lm-eval's index of every task, group and tag (and the user's include_path folders), built
+    once per process: it reads some 15 000 YAML files."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_path) or None)
+
+
+def metric_name(metric: str, filter_name: str, filters: list[str]) -> str:
+    """`<metric>` where the task has one filter, `<metric>_<filter>` where it has several (gsm8k's
+    strict-match and flexible-extract); MLflow refuses lm-eval's comma."""
+    return metric if len(filters) == 1 else f"{metric}_{filter_name}"
+
+
+@dataclass
+class LmEvalDocument(Document):
+    """One lm-eval document: its leaf task, its id there, and lm-eval's own Instances, on which the
+    responses are set so lm-eval's filters and process_results read them as they would."""
+
+    task: str = ""
+    task_doc_id: int = 0
+    instances: list = field(default_factory=list, repr=False)
+
+    @property
+    def prompt(self) -> str:  # the generation engine's sort key
+        return self.requests[0].prompt
+
+
+class LmEvalTask:
+    """`task`: the lm-eval name (default: `name`). `num_fewshot`: lm-eval's --num_fewshot (None: the
+    task's own; a task whose config fixes 0 keeps 0, as lm-eval does). `primary`: the metric the
+    average and stability use (default: the first). `include_path`: folders of the user's lm-eval
+    YAML. `data_dir` / `data_files`: local files instead of the hub (lm_eval_data.py)."""
+
+    lower_is_better = False
+    grouped = False
+
+    def __init__(self, name: str, task: str | None = None, num_fewshot: int | None = None, primary: str | None = None,
+                 include_path: list[str] | str | None = None, data_dir: str | None = None,
+                 data_files: dict | None = None, fewshot_seed: int = FEWSHOT_SEED,
+                 bootstrap_iters: int = BOOTSTRAP_ITERS):
+        self.name, self.lm_eval_name = name, task or name
+        self.num_fewshot, self.fewshot_seed, self.bootstrap_iters = num_fewshot, fewshot_seed, bootstrap_iters
+        paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
+        self.include_path = tuple(str(p) for p in paths)
+        self.local = LocalData(data_dir, data_files, num_fewshot)
+        self._primary = primary
+        self.leaves: dict = {}
+        self.groups: dict = {}
+
+    # ---------------------------------------------------------------- building (validation)
+
+    def check(self) -> None:
+        """Builds the task with lm-eval (documents read, local files checked): a name lm-eval does not
+        know fails naming the close matches; a missing file names the task, split and path."""
+        if self.leaves:
+            return
+        manager = task_index(self.include_path)
+        if self.lm_eval_name not in manager.all_tasks:
+            close = difflib.get_close_matches(self.lm_eval_name, manager.all_tasks, n=5, cutoff=0.6)
+            raise ValueError(f"lm-eval has no task, group or tag {self.lm_eval_name!r}"
+                             f"{'; close matches: ' + ', '.join(close) if close else ''}"
+                             f"{' (include_path: ' + ', '.join(self.include_path) + ')' if self.include_path else ''}")
+        manager._factory = local_factory(self.local, manager.metadata)  # the one place leaf configs are assembled
+        loaded = manager.load([self.lm_eval_name])
+        self.leaves, self.groups = loaded["tasks"], loaded.get("groups", {})
+        if len(self.leaves) > 1 and self.lm_eval_name not in self.groups:
+            raise ValueError(f"{self.lm_eval_name!r} is an lm-eval tag of {len(self.leaves)} tasks with no group score; "
+                             f"list them as tasks of their own: {sorted(self.leaves)}")
+        kinds = {leaf: KINDS.get(t.get_config("output_type")) for leaf, t in self.leaves.items()}
+        if None in kinds.values() or len(set(kinds.values())) > 1:
+            raise ValueError(f"lm-eval {self.lm_eval_name}: its tasks' output types {sorted({t.get_config('output_type') for t in self.leaves.values()})} "
+                             f"are not one request kind prunebench answers ({sorted(KINDS)}); list its tasks separately")
+        self.kind = next(iter(kinds.values()))
+        for task in self.leaves.values():
+            self._configure(task)
+        if self.kind == GENERATE_UNTIL:
+            self._generation_settings()
+        if self._primary is not None and self._primary not in self.metrics:
+            raise ValueError(f"lm-eval {self.lm_eval_name}: primary={self._primary!r} is not one of its metrics {self.metrics}")
+        if not self.metrics:
+            raise ValueError(f"lm-eval group {self.lm_eval_name} reports no aggregate metric (no aggregate_metric_list); "
+                             f"list its tasks as tasks of their own: {sorted(self.leaves)}")
+        self.lower_is_better = not self.higher_is_better()
+
+    def _configure(self, task) -> None:
+        """num_fewshot and the few-shot seed exactly as simple_evaluate sets them."""
+        if self.num_fewshot is not None:
+            if task.get_config("num_fewshot") != 0:
+                task.set_config(key="num_fewshot", value=self.num_fewshot)
+        elif task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=self.fewshot_seed)
+
+    def _generation_settings(self) -> None:
+        """The generation engine runs one greedy decode per batch: stop strings and token budget
+        shared by every member, sampling refused."""
+        settings = set()
+        for leaf, task in self.leaves.items():
+            kwargs = dict(task.get_config("generation_kwargs") or {})
+            if kwargs.get("do_sample") or (kwargs.get("temperature") or 0) > 0:
+                raise ValueError(f"lm-eval task {leaf} samples (generation_kwargs {kwargs}); prunebench decodes greedily")
+            until = kwargs.get("until") or []
+            settings.add((tuple([until] if isinstance(until, str) else until),
+                          int(kwargs.get("max_gen_toks", HFLM_MAX_GEN_TOKS))))
+        if len(settings) > 1:
+            raise ValueError(f"lm-eval {self.lm_eval_name}: its tasks stop on different strings or budgets {sorted(settings)}; "
+                             f"list them as tasks of their own")
+        (until, self.max_gen_toks), = settings
+        self.until = list(until)
+
+    # ---------------------------------------------------------------- what the job reads
+
+    def _filters(self, task) -> list[str]:
+        return [f.name for f in getattr(task, "_filters", [])] or ["none"]
+
+    def leaf_metrics(self, leaf: str) -> dict[str, tuple[str, str]]:
+        """{our name: (lm-eval metric, filter)} of one leaf task."""
+        task = self.leaves[leaf]
+        filters = self._filters(task)
+        return {metric_name(m, f, filters): (m, f) for f in filters for m in task.aggregation()}
+
+    def top_metrics(self) -> dict[str, tuple[str, str]]:
+        """The metrics logged under the task's own name: a single task's, or its group's aggregates."""
+        if self.lm_eval_name not in self.groups:
+            return self.leaf_metrics(next(iter(self.leaves)))
+        return self.group_metrics(self.lm_eval_name)
+
+    def group_metrics(self, group: str) -> dict[str, tuple[str, str]]:
+        """{our name: (metric, filter)} a group aggregates (its aggregate_metric_list)."""
+        config = self.groups[group].config
+        pairs = [(a.metric, f) for a in (config.aggregate_metric_list or []) for f in (a.filter_list or ["none"])]
+        filters = list(dict.fromkeys(f for _, f in pairs))
+        return {metric_name(m, f, filters): (m, f) for m, f in pairs}
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(self.top_metrics())
+
+    @property
+    def primary(self) -> str:
+        return self._primary or self.metrics[0]
+
+    @property
+    def members(self) -> list:
+        return [self]
+
+    def higher_is_better(self) -> bool:
+        metric, _ = self.top_metrics()[self.primary]
+        return next(iter(self.leaves.values())).higher_is_better().get(metric, True) is not False
+
+    def data_ids(self) -> set[str]:
+        """The local files read (the run's inputs); a hub dataset by its id and config."""
+        if self.local.active:
+            return set(self.local.read)
+        return {f"hf:{t.get_config('dataset_path')}/{t.get_config('dataset_name') or ''}" for t in self.leaves.values()}
+
+    # ---------------------------------------------------------------- requests and scoring
+
+    def instances(self, limit: int | None = None) -> list[LmEvalDocument]:
+        """Every leaf's requests as lm-eval builds them (`limit` documents per leaf, lm-eval's
+        --limit), one Document per lm-eval document, numbered across the leaves."""
+        from lm_eval.evaluator_utils import get_sample_size
+
+        documents = []
+        for leaf, task in self.leaves.items():
+            task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1)
+            by_doc = defaultdict(list)
+            for inst in task.instances:
+                by_doc[inst.doc_id].append(inst)
+            for doc_id in sorted(by_doc):
+                group = sorted(by_doc[doc_id], key=lambda i: i.idx)
+                documents.append(LmEvalDocument(len(documents), [self._request(i) for i in group], group[0].doc,
+                                                task=leaf, task_doc_id=doc_id, instances=group))
+        return documents
+
+    @staticmethod
+    def _request(instance):
+        kind, args = instance.request_type, instance.arguments
+        if kind == "loglikelihood":
+            return Loglikelihood(*args)
+        if kind == "loglikelihood_rolling":
+            return RollingText(args[0])
+        return GenerateUntil(args[0])
+
+    def process_results(self, document: LmEvalDocument, responses: list) -> dict:
+        """Responses set on lm-eval's Instances as HFLM returns them ((log-likelihood, is_greedy),
+        a rolling sum, a text), then lm-eval's filters and process_results, per filter."""
+        task = self.leaves[document.task]
+        for inst, response in zip(document.instances, responses):
+            inst.resps = [self._lm_eval_response(inst.request_type, response)]
+            inst.filtered_resps = {}
+        for ensemble in getattr(task, "_filters", []):
+            ensemble.apply(document.instances)
+        names = self.leaf_metrics(document.task)
+        record = {"doc_id": document.doc_id, "task": document.task, "task_doc_id": document.task_doc_id,
+                  "target": _plain(task.doc_to_target(document.doc)),
+                  "resps": [_plain(inst.resps[0]) for inst in document.instances]}
+        for filter_name in self._filters(task):
+            values = task.process_results(document.doc, [inst.filtered_resps[filter_name] for inst in document.instances])
+            record[f"filtered_resps_{filter_name}"] = [_plain(inst.filtered_resps[filter_name]) for inst in document.instances]
+            for ours, (metric, f) in names.items():
+                if f == filter_name and metric in values:
+                    record[ours] = _plain(values[metric])
+        return record
+
+    @staticmethod
+    def _lm_eval_response(kind: str, response):
+        if kind == "loglikelihood":
+            return (response.loglikelihood, response.is_greedy)
+        if kind == "loglikelihood_rolling":
+            return response.loglikelihood
+        return response
+
+    def corpus_metrics(self, records: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+        """lm-eval's own aggregation of the records (evaluator_utils._process_results: each leaf's
+        aggregations and stderrs, then the groups bottom-up, MMLU weighted by size): the task's
+        values and stderrs by metric, members' as `<member>/<metric>` and `<member>/<metric>_stderr`."""
+        from lm_eval.evaluator_utils import _process_results
+
+        accumulated = {leaf: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
+                       for leaf, task in self.leaves.items()}
+        for record in records:
+            raw = accumulated[record["task"]]["raw_metrics"]
+            for ours, key in self.leaf_metrics(record["task"]).items():
+                if ours in record:
+                    raw[key].append(_lm_eval_value(record[ours]))
+        results = _process_results(accumulated, self.groups, self.bootstrap_iters).metrics
+        values, stderrs = {}, {}
+        for name, result in results.items():
+            names = self.top_metrics() if name == self.lm_eval_name else (
+                self.leaf_metrics(name) if name in self.leaves else self.group_metrics(name))
+            for ours, (metric, f) in names.items():
+                if f"{metric},{f}" not in result:
+                    continue
+                value, stderr = _float(result[f"{metric},{f}"]), _float(result.get(f"{metric}_stderr,{f}"))
+                if name == self.lm_eval_name:
+                    values[ours], stderrs[ours] = value, stderr
+                else:
+                    values[f"{name}/{ours}"], values[f"{name}/{ours}_stderr"] = value, stderr
+        return values, stderrs
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # lm-eval's "N/A" stderr
+        return math.nan
+
+
+def _plain(value):
+    """JSON-ready (numpy scalars, tuples) for predictions/<task>.jsonl."""
+    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+
+
+def _lm_eval_value(value):
+    """A record's value as lm-eval's aggregation expects it (its tuples came back as lists)."""
+    return tuple(value) if isinstance(value, list) else value
