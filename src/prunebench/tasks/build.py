@@ -20,8 +20,11 @@ def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     entries = cfg.task.get("lm_eval") or []
     if isinstance(entries, str):
         entries = [entries]
+    if not entries:
+        return {}
     shared = {key: OmegaConf.to_container(cfg.task[key], resolve=True) if OmegaConf.is_config(cfg.task[key])
-              else cfg.task[key] for key in ("num_fewshot", "include_path", "data_files", "bootstrap_iters")}
+              else cfg.task[key] for key in ("num_fewshot", "include_path", "data_files", "bootstrap_iters")
+              if key in cfg.task}
     definitions = {}
     for i, entry in enumerate(entries):
         where = f"task.lm_eval[{i}]"
@@ -36,7 +39,7 @@ def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
         if name in definitions or name in (cfg.task.get("tasks") or {}):
             raise ConfigError(f"{where}: task {name!r} is listed twice; give one a name of its own ({{task: {entry['task']}, name: ...}})")
         definitions[name] = where, {"_target_": LM_EVAL_TASK, **shared, **{k: v for k, v in entry.items()},
-                                    "name": name, "num_fewshot": entry.get("num_fewshot", shared["num_fewshot"]),
+                                    "name": name, "num_fewshot": entry.get("num_fewshot", shared.get("num_fewshot")),
                                     "data_dir": cfg.get("data_dir")}
     return definitions
 

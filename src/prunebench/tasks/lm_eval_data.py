@@ -71,11 +71,11 @@ class LocalData:
             files = {split: str(Path(path).expanduser()) for split, path in self.data_files[name].items()}
             missing = [s for s in needed if s not in files]
             if missing:
-                raise FileNotFoundError(f"lm-eval task {name}: task.data_files.{name} names no file for split(s) "
+                raise FileNotFoundError(f"{name}: task.data_files.{name} names no file for split(s) "
                                         f"{missing}, which it reads (it has {sorted(files)})")
             for split, path in files.items():
                 if not Path(path).is_file():
-                    raise FileNotFoundError(f"lm-eval task {name}: data file {path!r} (split {split}, "
+                    raise FileNotFoundError(f"{name}: data file {path!r} (split {split}, "
                                             f"task.data_files.{name}.{split}) does not exist")
                 self.read.add(path)
             return self._json(cfg, files)
@@ -95,7 +95,7 @@ class LocalData:
             where = source.location()
             if not where.is_file():
                 if split in needed:
-                    raise FileNotFoundError(f"lm-eval task {name}: data file {str(where)!r} (data_dir={self.data_dir!r}"
+                    raise FileNotFoundError(f"{name}: data file {str(where)!r} (data_dir={self.data_dir!r}"
                                             f" + {entry['file'].format(name=subset)!r}, split {split}) does not exist")
                 continue
             files[split] = self._converted(source, where)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -159,9 +160,14 @@ class LmEvalTask:
         return self.group_metrics(self.lm_eval_name)
 
     def group_metrics(self, group: str) -> dict[str, tuple[str, str]]:
-        """{our name: (metric, filter)} a group aggregates (its aggregate_metric_list)."""
-        config = self.groups[group].config
-        pairs = [(a.metric, f) for a in (config.aggregate_metric_list or []) for f in (a.filter_list or ["none"])]
+        """{our name: (metric, filter)} a group aggregates over its leaf tasks (its
+        aggregate_metric_list; without a filter_list, every filter its leaves have, as Group.aggregate
+        discovers them)."""
+        node = self.groups[group]
+        leaves = [t for t in node.get_all_tasks() if t.task_name in self.leaves]
+        discovered = sorted({f for t in leaves for f in self._filters(t)})
+        pairs = [(a.metric, f) for a in (node.aggregate_metric_list or [])
+                 for f in (discovered if a.filter_list is None else a.filter_list)]
         filters = list(dict.fromkeys(f for _, f in pairs))
         return {metric_name(m, f, filters): (m, f) for m, f in pairs}
 
@@ -250,9 +256,13 @@ class LmEvalTask:
         values and stderrs by metric, members' as `<member>/<metric>` and `<member>/<metric>_stderr`."""
         from lm_eval.evaluator_utils import _process_results
 
+        # lm-eval's bootstrap forks a process pool unless this is set: forking a process that holds
+        # torch's threads can hang, and its single-process loop draws the same seeded resamples
+        os.environ.setdefault("DISABLE_MULTIPROC", "1")
         accumulated = {leaf: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
                        for leaf, task in self.leaves.items()}
-        for record in records:
+        # in lm-eval's order (by document): the bootstrap draws resamples by position
+        for record in sorted(records, key=lambda r: r["doc_id"]):
             raw = accumulated[record["task"]]["raw_metrics"]
             for ours, key in self.leaf_metrics(record["task"]).items():
                 if ours in record:

@@ -1,0 +1,260 @@
+"""Any lm-eval task through the bridge (tasks/lm_eval_task.py), against lm-eval 0.4.13's own
+simple_evaluate with its HF model on the same tiny model and the same local files: equal
+predictions and metric values per document, log-likelihoods within fp32 summation noise, equal
+aggregates and stderrs, groups included. Fixtures are small self-written files in each dataset's
+hub schema."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+
+import pytest
+from lightning import Trainer
+from omegaconf import OmegaConf
+
+from conftest import FIXTURES, close_to, compose_cfg, shared_file
+from prunebench.api.errors import ConfigError
+from prunebench.evaluation.registry import evaluation
+from prunebench.models.cache import get_model
+from prunebench.tasks.lm_eval_data import LocalData, local_factory
+from prunebench.validate import validate
+
+pytestmark = [pytest.mark.lm_eval,
+              pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
+
+# a longer context than tiny-llama's 256 so that 5-shot prompts and gsm8k's 256 new tokens fit
+TINY = ["model=tiny-llama", "model.config.max_position_embeddings=2048", "trainer.enable_progress_bar=false",
+        "trainer.logger=false"]
+BOOTSTRAP = 100  # both sides draw the same resamples (lm-eval's seeded chunks); fewer keep the test quick
+
+BOOLQ = [{"question": q, "passage": p, "idx": i, "label": y} for i, (q, p, y) in enumerate([
+    ("is the sky blue", "The sky looks blue on a clear day because air scatters blue light.", 1),
+    ("can penguins fly", "Penguins are flightless birds that swim in cold seas.", 0),
+    ("is water wet", "Water makes things wet when it touches them.", 1),
+    ("do fish sing", "Fish make sounds but do not sing songs.", 0)])]
+RTE = [{"sentence1": a, "sentence2": b, "label": y, "idx": i} for i, (a, b, y) in enumerate([
+    ("A cat sat on the mat.", "A cat sat.", 0), ("The shop opens at nine.", "The shop is closed all day.", 1),
+    ("Rain fell all night.", "It rained.", 0)])]
+LAMBADA = [{"text": t} for t in ["the cat sat on the mat and looked at the dog",
+                                 "she opened the door and walked into the kitchen",
+                                 "after the long game the players went home to sleep"]]
+MMLU = {subject: [{"question": f"{subject} question {i}?", "subject": subject,
+                   "choices": [f"option {c} of {i}" for c in "wxyz"], "answer": i % 4} for i in range(n)]
+        for subject, n in (("abstract_algebra", 7), ("anatomy", 6))}
+GSM8K = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+          "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"} for a, b in ((2, 3), (4, 1), (7, 5), (1, 1),
+                                                                                    (3, 3), (6, 2), (5, 5))]
+WIKI = [{"page": " = Alpha = \n \n Alpha is a letter . It comes first @-@ always . \n \n = = Use = = \n \n It is used "
+                 "in words , 1 @,@ 000 times . \n"},
+        {"page": " = Beta = \n \n Beta follows alpha in the Greek alphabet . \n"}]
+
+
+def write(path, docs) -> str:
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory) -> dict:
+    """{lm-eval task: {split: file}} for every task the conformance cases run."""
+    root = tmp_path_factory.mktemp("hub")
+    files = {"boolq": {"validation": write(root / "boolq.jsonl", BOOLQ), "train": write(root / "boolq_train.jsonl", BOOLQ)},
+             "rte": {"validation": write(root / "rte.jsonl", RTE)},
+             "lambada_openai": {"test": write(root / "lambada.jsonl", LAMBADA)},
+             "gsm8k": {"test": write(root / "gsm8k.jsonl", GSM8K[:3]), "train": write(root / "gsm8k_train.jsonl", GSM8K[3:])},
+             "wikitext": {"test": write(root / "wiki.jsonl", WIKI)}}
+    for subject, docs in MMLU.items():
+        files[f"mmlu_{subject}"] = {"test": write(root / f"{subject}_test.jsonl", docs[:5]),
+                                    "dev": write(root / f"{subject}_dev.jsonl", docs[:5])}
+    return files
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return get_model(compose_cfg(TINY).model)
+
+
+def our_tasks(*overrides: str) -> dict:
+    return validate(compose_cfg([*TINY, "task=lm_eval", *overrides]))
+
+
+def files_override(files: dict) -> str:
+    return f"+task.data_files={json.dumps(files).replace(chr(34), '')}"
+
+
+def run_ours(loaded, task, limit=None, bootstrap=BOOTSTRAP) -> tuple[dict, list[dict], object]:
+    task.bootstrap_iters = bootstrap
+    options = OmegaConf.create({"batch_tokens": 1024, "add_bos": None, "numerics": "fast", "lm_eval_batch_size": 1})
+    data, module = evaluation(task, loaded, limit, options)
+    logged = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
+        module, datamodule=data, verbose=False)[0]
+    return logged, sorted(module.records, key=lambda r: r["doc_id"]), module
+
+
+def run_reference(loaded, names: list, data_files: dict, num_fewshot=None, limit=None) -> dict:
+    """lm-eval's simple_evaluate with its HFLM on our model, reading the same files."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager()
+    manager._factory = local_factory(LocalData(data_files=data_files, num_fewshot=num_fewshot), manager.metadata)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
+    return simple_evaluate(model=lm, tasks=names, task_manager=manager, num_fewshot=num_fewshot, limit=limit,
+                           bootstrap_iters=BOOTSTRAP, log_samples=True, random_seed=0, numpy_random_seed=1234,
+                           torch_random_seed=1234)
+
+
+def reference_docs(out: dict, leaf: str, filter_name: str = "none") -> list[dict]:
+    return sorted((s for s in out["samples"][leaf] if s["filter"] == filter_name), key=lambda s: s["doc_id"])
+
+
+def assert_same(ours: dict, records: list[dict], module, task, out: dict, depth: int = 2) -> None:
+    """Per document: the same filtered responses (log-likelihoods within fp32 summation noise: lm-eval
+    batches and pads otherwise, tiny-llama's 2 layers) and metric values; then every aggregate and stderr."""
+    for leaf in task.leaves:
+        mine = [r for r in records if r["task"] == leaf]
+        filters = task._filters(task.leaves[leaf])
+        for filter_name in filters:
+            theirs = reference_docs(out, leaf, filter_name)
+            assert [r["task_doc_id"] for r in mine] == [s["doc_id"] for s in theirs], leaf
+            for r, s in zip(mine, theirs):
+                for ours_name, (metric, f) in task.leaf_metrics(leaf).items():
+                    if f != filter_name:
+                        continue
+                    want = s[metric]
+                    if isinstance(want, float) and metric not in ("acc", "acc_norm", "exact_match"):
+                        assert r[ours_name] == close_to(want, depth=depth), (leaf, metric, r["task_doc_id"])
+                    elif isinstance(want, (list, tuple)):
+                        assert r[ours_name] == close_to(list(want), depth=depth), (leaf, metric)
+                    else:
+                        assert r[ours_name] == want, (leaf, metric, r["task_doc_id"])
+    for name, result in out["results"].items():
+        names = task.top_metrics() if name == task.lm_eval_name else (
+            task.leaf_metrics(name) if name in task.leaves else task.group_metrics(name))
+        for ours_name, (metric, f) in names.items():
+            if f"{metric},{f}" not in result:
+                continue
+            logged = ours[f"{task.name}/{ours_name}" if name == task.lm_eval_name else f"{name}/{ours_name}"]
+            assert logged == close_to(result[f"{metric},{f}"], depth=depth), (name, metric)
+            stderr = result[f"{metric}_stderr,{f}"]
+            if stderr != "N/A":
+                mine = module.stderr(ours_name) if name == task.lm_eval_name else ours[f"{name}/{ours_name}_stderr"]
+                assert mine == close_to(stderr, depth=depth), (name, metric, "stderr")
+
+
+@pytest.mark.parametrize(("name", "num_fewshot"), [("boolq", None), ("rte", None), ("lambada_openai", None),
+                                                   ("wikitext", None), ("boolq", 2)],
+                         ids=["boolq", "rte", "lambada_openai", "wikitext", "boolq-2shot"])
+def test_bridge_equals_lm_evals_simple_evaluate(loaded, data_files, name, num_fewshot):
+    overrides = [f"task.lm_eval=[{name}]", files_override(data_files)]
+    if num_fewshot is not None:
+        overrides.append(f"task.num_fewshot={num_fewshot}")
+    (task,) = our_tasks(*overrides).values()
+    ours, records, module = run_ours(loaded, task)
+    out = run_reference(loaded, [name], data_files, num_fewshot)
+    assert_same(ours, records, module, task, out)
+
+
+def test_mmlu_group_of_two_subjects_5_shot_weighted_by_size(loaded, data_files, tmp_path):
+    """A group of the user's (include_path) over two of MMLU's subjects, 5-shot from their dev split,
+    aggregated as lm-eval's mmlu is: acc weighted by size, pooled stderr."""
+    (tmp_path / "mmlu_two.yaml").write_text("group: mmlu_two\ntask: [mmlu_abstract_algebra, mmlu_anatomy]\n"
+                                            "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+    files = {k: v for k, v in data_files.items() if k.startswith("mmlu_")}
+    (task,) = our_tasks("task.lm_eval=[mmlu_two]", f"task.include_path=[{tmp_path}]", files_override(files),
+                        "task.num_fewshot=5").values()
+    assert sorted(task.leaves) == ["mmlu_abstract_algebra", "mmlu_anatomy"]
+    ours, records, module = run_ours(loaded, task)
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(tmp_path))
+    manager._factory = local_factory(LocalData(data_files=files, num_fewshot=5), manager.metadata)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
+    out = simple_evaluate(model=lm, tasks=["mmlu_two"], task_manager=manager, num_fewshot=5,
+                          bootstrap_iters=BOOTSTRAP, log_samples=True)
+    assert "mmlu_two" in out["results"] and f"{task.name}/acc" in ours
+    assert records[0]["resps"] and len(json.dumps(records))  # the predictions artifact is JSON
+    assert_same(ours, records, module, task, out)
+
+
+def test_gsm8k_5_shot_generation_both_filters(loaded, data_files):
+    (task,) = our_tasks("task.lm_eval=[gsm8k]", files_override(data_files), "task.num_fewshot=3").values()
+    assert task.metrics == ["exact_match_strict-match", "exact_match_flexible-extract"]
+    ours, records, module = run_ours(loaded, task)
+    out = run_reference(loaded, ["gsm8k"], data_files, num_fewshot=3)
+    assert_same(ours, records, module, task, out)
+    # the generated text itself, before the filters, equals HFLM's
+    theirs = reference_docs(out, "gsm8k", "strict-match")
+    assert [r["resps"] for r in records] == [[s["resps"][0][0]] for s in theirs]
+
+
+def test_arc_easy_through_the_bridge_equals_our_own_arc_easy(loaded):
+    """One definition of each task: lm-eval's arc_easy read from the release files by the layout
+    table scores each document as our hand-written arc_easy does."""
+    release = FIXTURES / "benchmarks"
+    (bridge,) = our_tasks("task.lm_eval=[arc_easy]", f"data_dir={release}").values()
+    own = validate(compose_cfg([*TINY, "task=arc_easy", f"data_dir={release}"]))["arc_easy"]
+    assert [[(r.context, r.continuation) for r in d.requests] for d in bridge.instances()] == \
+           [list(zip(i.contexts, i.continuations)) for i in own.instances()]
+    _, bridged, _ = run_ours(loaded, bridge)
+    options = OmegaConf.create({"batch_tokens": 1024, "add_bos": None, "numerics": "fast", "lm_eval_batch_size": 1})
+    data, module = evaluation(own, loaded, None, options)
+    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
+        module, datamodule=data, verbose=False)
+    for mine, theirs in zip(bridged, sorted(module.records, key=lambda r: r["doc_id"])):
+        assert [ll for ll, _ in mine["resps"]] == theirs["loglikelihoods"]
+        assert (mine["acc"], mine["acc_norm"]) == (theirs["acc"], theirs["acc_norm"])
+
+
+def test_a_bad_task_name_fails_validation_in_seconds_naming_close_matches():
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"lm-eval has no task, group or tag 'boolqq'.*close matches: boolq"):
+        our_tasks("task.lm_eval=[boolqq]")
+    assert time.perf_counter() - start < 60  # the index of lm-eval's tasks, not a model load
+
+
+def test_a_missing_local_file_fails_validation_naming_task_split_and_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"lm-eval task boolq.*boolq/val.jsonl.*split validation.*does not exist"):
+        our_tasks("task.lm_eval=[boolq]", f"data_dir={tmp_path}")
+    (tmp_path / "gsm8k").mkdir()
+    write(tmp_path / "gsm8k" / "test.jsonl", GSM8K)
+    with pytest.raises(ConfigError, match=r"gsm8k.*gsm8k/train.jsonl.*split train"):
+        our_tasks("task.lm_eval=[gsm8k]", f"data_dir={tmp_path}")  # 5-shot needs the train split
+    assert our_tasks("task.lm_eval=[gsm8k]", f"data_dir={tmp_path}", "task.num_fewshot=0")  # zero-shot does not
+
+
+def test_a_users_own_lm_eval_yaml_folder_runs_in_a_job(tmp_path, monkeypatch):
+    """lm-eval's include_path: a YAML task of the user's, over a local JSON file, through the whole job."""
+    from prunebench.job import run
+
+    docs = write(tmp_path / "colours.jsonl", [{"q": "The sky is", "choices": ["blue", "green"], "gold": 0},
+                                              {"q": "Grass is", "choices": ["red", "green"], "gold": 1}])
+    folder = tmp_path / "mytasks"
+    folder.mkdir()
+    (folder / "colours.yaml").write_text(
+        "task: colours\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + docs + "\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: gold\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg([*TINY, "pruner=none", "task=lm_eval", "task.lm_eval=[colours]", f"task.include_path=[{folder}]",
+                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"])
+    metrics = run(cfg)
+    assert set(metrics) >= {"colours/acc", "colours/acc_norm", "colours/acc_stderr", "avg/score", "stability/avg"}
+
+
+@pytest.mark.shared_data
+def test_the_shared_data_layout_reads_every_suite_task():
+    """data_dir=../shared/data places BoolQ, RTE, MMLU, LAMBADA, WikiText-2 and the commonsense tasks
+    for lm-eval's definitions (HellaSwag's original jsonl is absent there: its file is named)."""
+    data_dir = shared_file().resolve()
+    tasks = our_tasks("task.lm_eval=[boolq,rte,lambada_openai,wikitext,arc_easy,arc_challenge,piqa,winogrande,"
+                      "openbookqa,{task:mmlu,num_fewshot:5}]", f"data_dir={data_dir}", "limit=2")
+    assert len(tasks["mmlu"].leaves) == 57
+    assert [len(tasks[n].instances(2)) for n in ("boolq", "rte", "lambada_openai", "wikitext")] == [2, 2, 2, 2]
+    with pytest.raises(ConfigError, match="hellaswag/hellaswag_val.jsonl"):
+        our_tasks("task.lm_eval=[hellaswag]", f"data_dir={data_dir}")
