@@ -258,3 +258,30 @@ def test_the_shared_data_layout_reads_every_suite_task():
     assert [len(tasks[n].instances(2)) for n in ("boolq", "rte", "lambada_openai", "wikitext")] == [2, 2, 2, 2]
     with pytest.raises(ConfigError, match="hellaswag/hellaswag_val.jsonl"):
         our_tasks("task.lm_eval=[hellaswag]", f"data_dir={data_dir}")
+
+
+def test_wanda_zeroshot_suite_dense_and_wanda_give_metrics_stability_and_the_paper_table(store, tmp_path, capsys):
+    """The issue's acceptance on the release-format fixtures: every task's metrics and stderr, stability
+    against the dense run, and the paper layout with its flips over the bridge's per-document records."""
+    import pandas as pd
+
+    from prunebench.job import run
+    from prunebench.report.cli import main as report_main
+
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    common = [*TINY, "task=wanda_zeroshot", f"data_dir={FIXTURES / 'benchmarks'}", "sparsity=0.5", "calib=file",
+              f"calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"]
+    members = ["boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"]
+    dense = run(compose_cfg([*common, "pruner=none"]))
+    pruned = run(compose_cfg([*common, "pruner=wanda"]))
+    for task in members:
+        assert {f"{task}/acc", f"{task}/acc_stderr"} <= set(pruned), task
+        if dense[f"{task}/acc"] >= 0.05:  # below it a ratio is not a stability (README)
+            assert pruned[f"stability/{task}"] == pytest.approx(100 * pruned[f"{task}/acc"] / dense[f"{task}/acc"])
+    assert pruned["avg/score"] == pytest.approx(sum(pruned[f"{t}/acc"] for t in members) / len(members))
+    out = tmp_path / "rep"
+    assert report_main(["--experiment", "prunebench", "--out", str(out), "--layout", "paper"]) == 0
+    assert "| boolq/acc | boolq stab. | rte/acc |" in capsys.readouterr().out
+    flips = pd.read_csv(out / "flips.csv")
+    assert sorted(flips.task) == sorted(members)
