@@ -12,7 +12,7 @@ best scores are within --tie of each other is counted as a near-tie.
         data_dir=../shared/data limit=600 eval.lm_eval_batch_size=8 --numerics fast,lm_eval
 
 Arguments other than the --options are prunebench config overrides: any `model.dtype`,
-`model.device=cuda` for a GPU, `limit=null` for whole splits. Needs the `ref` extra."""
+`model.device=cuda` for a GPU, `limit=null` for whole splits."""
 
 from __future__ import annotations
 

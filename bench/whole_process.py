@@ -11,7 +11,7 @@ prunebench but that module's two helpers. Ours runs twice, on a fresh store and 
 one (`tracking.skip_existing=false`, so the job runs again). Wall-clock and CPU seconds (user +
 system of the child, all threads) of each, and the ratios; the primary metric of both sides, which
 must agree. Overrides are prunebench's (model=gemma3-270m by default: its converted folder is what
-both sides load). Needs the `ref` extra."""
+both sides load)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BBH against the reference harness, lm-eval 0.4.13 (extra `ref`): for every subtask and variant,
+"""BBH against the reference harness, lm-eval 0.4.13: for every subtask and variant,
 the same prompts and stop settings, and the same filtered answers and exact-match values for recorded
 gemma3-270m generations plus responses written to reach every branch of the answer filters.
 
@@ -16,7 +16,7 @@ from conftest import FIXTURES, shared_file
 from prunebench.tasks.bbh import SUBTASKS, bbh, read_exemplars
 
 pytestmark = [pytest.mark.lm_eval, pytest.mark.shared_data]
-lm_eval = pytest.importorskip("lm_eval", reason="needs the reference harness lm-eval==0.4.13 (extra 'ref')")
+lm_eval = pytest.importorskip("lm_eval", reason="needs the reference harness lm-eval==0.4.13")
 
 DOCS = 4  # documents per subtask compared
 RECORDED = FIXTURES / "bbh_generations.jsonl"

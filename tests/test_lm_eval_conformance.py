@@ -1,10 +1,11 @@
-"""Against the reference harness itself (lm-eval 0.4.13, extra 'ref'): lm-eval's own task
+"""Against the reference harness itself (lm-eval 0.4.13): lm-eval's own task
 definitions build the same (context, continuation) strings from the same documents, and its HF
 backend computes the same log-likelihoods on the tiny model."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from lightning import Trainer
@@ -128,3 +129,31 @@ def test_dense_gemma_scores_like_lm_eval_on_the_shared_data(tmp_path):
             # lm-eval batches and pads differently: the same sums reordered, Gemma's 18 layers
             assert mine["loglikelihoods"] == close_to(theirs["loglikelihoods"], depth=18), name
             assert all(mine[m] == theirs[m] for m in task.metrics), name
+
+
+LM_EVAL_YAML = {"arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_challenge.yaml",
+                "hellaswag": "hellaswag/hellaswag.yaml", "piqa": "piqa/piqa.yaml", "winogrande": "winogrande/default.yaml",
+                "openbookqa": "openbookqa/openbookqa.yaml", "commonsense_qa": "commonsense_qa/default.yaml"}
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_our_hand_written_task_is_lm_evals_installed_yaml(name):
+    """One definition of each task: ours (kept for what lm-eval lacks: OpenCompass's version beside it,
+    calib=task) states lm-eval 0.4.13's hub id, config name, split, prompt, choices and target; a field
+    lm-eval gives as a Python function is compared by what both functions return on the fixtures."""
+    import lm_eval.tasks
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from prunebench.tasks.template import resolve
+
+    theirs = load_yaml(Path(lm_eval.tasks.__file__).parent / LM_EVAL_YAML[name], resolve_func=True)
+    ours = compose_cfg([*TINY, f"task={name}"]).task.tasks[name]
+    assert (ours.source.hub, ours.source.get("name"), ours.source.split) == \
+           (theirs["dataset_path"], theirs.get("dataset_name"), theirs.get("test_split") or theirs["validation_split"])
+    task = our_tasks(f"data_dir={RELEASE}")[name]
+    for field in ("doc_to_text", "doc_to_target", "doc_to_choice"):
+        if callable(theirs[field]):
+            for doc in task.source.load():
+                assert resolve(OmegaConf.to_container(ours)[field], doc) == theirs[field](doc), (name, field)
+        else:
+            assert OmegaConf.to_container(ours)[field] == theirs[field], (name, field)

@@ -1,4 +1,4 @@
-"""The reference harness, lm-eval 0.4.13 (the `ref` extra), run on the documents prunebench reads.
+"""The reference harness, lm-eval 0.4.13, run on the documents prunebench reads.
 
 Conformance tests and the throughput benchmark need lm-eval's own task definitions, not copies of
 them: each of our tasks' documents is written as JSON lines in the hub's schema and handed to

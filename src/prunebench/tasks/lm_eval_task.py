@@ -9,7 +9,9 @@ and subgroup's as `<member>/<metric>`, each with lm-eval's stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import json
 import math
 import os
@@ -202,7 +204,8 @@ class LmEvalTask:
 
         documents = []
         for leaf, task in self.leaves.items():
-            task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1)
+            with contextlib.redirect_stderr(io.StringIO()):  # its per-task bar; the job's bar counts documents
+                task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1)
             by_doc = defaultdict(list)
             for inst in task.instances:
                 by_doc[inst.doc_id].append(inst)
@@ -267,7 +270,8 @@ class LmEvalTask:
             for ours, key in self.leaf_metrics(record["task"]).items():
                 if ours in record:
                     raw[key].append(_lm_eval_value(record[ours]))
-        results = _process_results(accumulated, self.groups, self.bootstrap_iters).metrics
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its bootstrap's chatter
+            results = _process_results(accumulated, self.groups, self.bootstrap_iters).metrics
         values, stderrs = {}, {}
         for name, result in results.items():
             names = self.top_metrics() if name == self.lm_eval_name else (
