@@ -11,12 +11,13 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.api.metrics import readable
 from prunebench.api.model_keys import run_dtype
 from prunebench.bench import memory
 from prunebench.cache import content_key
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
-from prunebench.inputs import job_inputs, log_inputs
+from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
@@ -58,7 +59,7 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
     progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
-    metrics = {key: float(value) for key, value in results.items()}
+    metrics = {key: readable(float(value)) for key, value in results.items()}
     for metric in task.metrics:
         metrics[f"{name}/{metric}_stderr"] = module.stderr(metric)
     return metrics, module.records
@@ -95,6 +96,8 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     tags = job_tags(cfg, key, list(overrides))
     if inputs:  # which data ran, short enough for a report row (the full digests are the run's dataset inputs)
         tags["prunebench.inputs"] = content_key(inputs)[:12]
+        # the same, file by file in words: what a report heads a table with (`data=arc/ARC-Easy-Test.jsonl@ab12`)
+        tags.update({f"prunebench.{key}": value for key, value in data_names(inputs, cfg.get("data_dir")).items()})
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     held = claim.acquire(uri, exp_id, key, run_name, tags, cfg.tracking.claim, cfg.tracking.skip_existing)
