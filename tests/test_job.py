@@ -156,3 +156,35 @@ def test_a_job_that_dies_on_a_later_task_keeps_the_finished_tasks_metrics(store,
     failed = runs(store).iloc[0]
     assert failed.status == "FAILED"
     assert failed["metrics.local_mc/acc_norm"] >= 0 and "metrics.second/acc_norm" not in failed
+
+
+def test_each_number_says_how_many_documents_and_stability_carries_its_paired_interval(store, tmp_path):
+    from prunebench.report.build import write_report
+
+    run(compose_cfg(TINY_MC + ["pruner=none"]))
+    run(compose_cfg(TINY_MC + ["pruner=random", "sparsity=0.5"]))
+    dense, pruned = (row for _, row in runs(store).iterrows())
+    for row in (dense, pruned):
+        assert row["metrics.local_mc/n_docs"] == 5
+        # a float32 metric is logged as its shortest decimal (0.8), not its float64 expansion
+        assert len(repr(row["metrics.local_mc/acc_norm"])) <= 4
+    assert dense["metrics.stability/local_mc_ci_low"] == dense["metrics.stability/local_mc_ci_high"] == 100.0
+    low, high = pruned["metrics.stability/local_mc_ci_low"], pruned["metrics.stability/local_mc_ci_high"]
+    assert low <= pruned["metrics.stability/local_mc"] <= high
+    assert (pruned["metrics.stability/avg_ci_low"], pruned["metrics.stability/avg_ci_high"]) == (low, high)
+    out = write_report("prunebench", None, tmp_path / "report")
+    assert "documents: local_mc 5" in (out / "results.md").read_text()
+    assert "0000000" not in (out / "results.csv").read_text()
+    # the default plots: standard-error / interval bars, the dense and the chance level
+    from prunebench.report import plots
+    from prunebench.report.table import load_runs, results_table
+
+    table = results_table(load_runs("prunebench"))
+    setting = table.setting.iloc[0]
+    chance = (1 / 3 + 1 / 4 + 1 / 2 + 1 / 3 + 1 / 3) / 5  # the fixture's documents have 3, 4, 2, 3 and 3 choices
+    for fig in (plots.metric_vs_sparsity(table, ["local_mc/acc_norm"], {(setting, "local_mc"): chance}),
+                plots.stability_vs_sparsity(table, {(setting, "local_mc"): chance})):
+        ax, = fig.axes
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels.count("dense") == 1 and labels.count("chance") == 1
+        assert ax.containers[0].has_yerr

@@ -22,7 +22,7 @@ from prunebench.models.cache import get_model
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
-from prunebench.tracking.stability import stability
+from prunebench.tracking.stability import paired_bootstrap, stability
 from prunebench.tracking.sweep import record_cell
 from prunebench.validate import ConfigError, calibration_config, validate
 
@@ -112,7 +112,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
-        metrics, logged = execute(cfg, tasks, dense)
+        metrics, logged, documents = execute(cfg, tasks, dense)
         # a split without answers (a submission) has no metric, so no place in the average
         scored = {name: task for name, task in tasks.items() if task.metrics}
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
@@ -129,6 +129,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         if dense_primary:
             values, excluded = stability(primary, dense_primary, lower)
             metrics.update(values)
+            dense_documents = documents if dense else {
+                name: per_document(read_records(dense_run.info.run_id, name), scored[name].primary) for name in primary}
+            metrics.update(paired_bootstrap(documents, dense_documents, [n for n in primary if n not in excluded]))
             # which tasks the stability average is over, and why any other task has no stability
             mlflow.set_tags({"prunebench.stability_tasks": json.dumps([n for n in primary if n not in excluded]),
                              "prunebench.stability_excluded": json.dumps(excluded)})
@@ -136,6 +139,25 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
              summary(metrics, tasks), active.info.run_id, uri)
     return metrics
+
+
+def per_document(records: list[dict], metric: str) -> dict:
+    """{doc_id: the document's value of `metric`}, or {} when the metric is a corpus-level one (MCC,
+    perplexity: no document has a value of it)."""
+    if not records or not isinstance(records[0].get(metric), (int, float)):
+        return {}
+    return {r.get("doc_id", i): float(r[metric]) for i, r in enumerate(records)}
+
+
+def read_records(run_id: str, task: str) -> list[dict]:
+    """A run's `predictions/<task>.jsonl`; [] when it has none (a run older than the artifact)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{task}.jsonl")
+    except (MlflowException, OSError):
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigError) -> None:
@@ -173,9 +195,10 @@ def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
-def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
+def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
-    metrics and the names already logged (each task's, as soon as it finished)."""
+    metrics, the names already logged (each task's, as soon as it finished) and each task's
+    per-document values of its primary metric (`per_document`), for stability's interval."""
     from prunebench.models.introspection import count_parameters
 
     memory.reset_peaks()
@@ -183,6 +206,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
     logged: set[str] = set()
+    documents: dict[str, dict] = {}
     start = time.perf_counter()
     scores = None
     if not dense:
@@ -206,6 +230,9 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         mlflow.set_tags(getattr(task, "tags", {}))
         task_metrics, records = evaluate_task(cfg, loaded, name, task)
         task_metrics.update(pruner.task_metrics(name))
+        task_metrics[f"{name}/n_docs"] = float(len(records))  # how many documents its numbers rest on
+        if task.metrics:
+            documents[name] = per_document(records, task.primary)
         mlflow.log_metrics(task_metrics)  # now, so a job that dies on a later task keeps this one's
         metrics.update(task_metrics)
         logged.update(task_metrics)
@@ -224,4 +251,4 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
     metrics.update(memory.peaks())
-    return metrics, logged
+    return metrics, logged, documents

@@ -12,8 +12,8 @@ import pandas as pd
 from prunebench.report import plots
 from prunebench.report.predictions import chance_levels
 from prunebench.report.suites import suite_tables
-from prunebench.report.table import (SETTING, documents, load_runs, results_table, shown_columns, task_columns,
-                                     to_markdown)
+from prunebench.report.table import (CSV_FLOATS, SETTING, documents, load_runs, results_table, shown_columns,
+                                     task_columns, to_markdown)
 
 
 LAYOUTS = ("flat", "paper")
@@ -34,11 +34,11 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     sections = [setting_section(heading, rows) for heading, rows in table.groupby(SETTING, sort=True)]
     for suite, summary in summaries.items():
         sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
-        summary.to_csv(out / f"suite_{suite}.csv", index=False)
+        summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
-    table.to_csv(out / "results.csv", index=False)
+    table.to_csv(out / "results.csv", index=False, float_format=CSV_FLOATS)
     dense = table[table.pruner == "none"]
     levels = chance_levels((heading, column.split("/")[0], run_id) for column in task_columns(dense)
                            for heading, run_id, value in zip(dense[SETTING], dense.run_id, dense[column])

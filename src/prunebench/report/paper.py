@@ -30,7 +30,8 @@ from prunebench.report.plots import grid, panel
 from prunebench.report.predictions import Predictions, chance_levels
 from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
-from prunebench.report.table import DIFFERS, SETTING, dense_first, differences, documents, to_markdown
+from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
+                                     to_markdown)
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
@@ -247,7 +248,8 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
             only_a, only_b, p = mcnemar(a, b)
             rows.append({SETTING: setting, "model": model, "ratio": ratio, "task": task, "metric": docs["a"][0][0],
                          "a": " ".join(filter(None, [named[first[:2]], first[2]])),
-                         "b": " ".join(filter(None, [named[second[:2]], second[2]])), "pairs": len(a), "a correct": sum(a) / len(a),
+                         "b": " ".join(filter(None, [named[second[:2]], second[2]])), "pairs": len(a),
+                         "a correct": sum(a) / len(a),
                          "b correct": sum(b) / len(b), "only a right": only_a, "only b right": only_b, "p": p})
     table = pd.DataFrame(rows, columns=[SETTING, "model", "ratio", "task", "metric", "a", "b", "pairs", "a correct",
                                         "b correct", "only a right", "only b right", "p"])
@@ -281,9 +283,9 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
     table = paper_table(results)
     predictions = Predictions()
     flipped, compared = flips(results, predictions), comparisons(results, predictions)
-    table.to_csv(out / "paper.csv", index=False)
-    flipped.to_csv(out / "flips.csv", index=False)
-    compared.to_csv(out / "comparisons.csv", index=False)
+    table.to_csv(out / "paper.csv", index=False, float_format=CSV_FLOATS)
+    flipped.to_csv(out / "flips.csv", index=False, float_format=CSV_FLOATS)
+    compared.to_csv(out / "comparisons.csv", index=False, float_format=CSV_FLOATS)
     sections, tex = ["## Paper layout"], []
     for heading, rows in table.groupby(SETTING, sort=True):
         shown = printed(rows.reset_index(drop=True))

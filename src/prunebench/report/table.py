@@ -20,6 +20,9 @@ SETTING = "setting"
 DIFFERS = "differs"
 # the data a run read: its calibration files in words (job.py), else (a run logged before) their digest
 DATA_TAGS = ("tags.prunebench.calib_data", "tags.prunebench.inputs")
+# floats in CSVs: 12 significant digits hold every measurement and drop float64's rounding residue
+# (a standard error of 0.20000000000000004 is written 0.2)
+CSV_FLOATS = "%.12g"
 # columns of the CSV that the Markdown leaves to the heading or the plots
 DETAIL_SUFFIXES = ("_stderr", "/n_docs", "_ci_low", "_ci_high")
 # run ids per search of the earlier runs a sweep reused
