@@ -82,8 +82,9 @@ def test_failure_during_the_job_marks_the_run_failed_with_traceback(store):
     with pytest.raises(Exception):
         run(compose_cfg(TINY_MC + ["model.config.num_attention_heads=5"]))  # 64 % 5 != 0: load fails
     df = runs(store)
-    assert list(df.status) == ["FAILED"]
-    assert "traceback.txt" in {a.path for a in MlflowClient(store).list_artifacts(df.run_id[0])}
+    assert list(df.status) == ["FAILED", "FAILED"]  # the dense baseline, then the pruned job naming it
+    for run_id in df.run_id:
+        assert "traceback.txt" in {a.path for a in MlflowClient(store).list_artifacts(run_id)}
 
 
 @pytest.mark.parametrize("override, message", [("sparsity=1.5", "sparsity=1.5"), ("task=nope", "task/nope"),
@@ -188,3 +189,47 @@ def test_each_number_says_how_many_documents_and_stability_carries_its_paired_in
         labels = ax.get_legend_handles_labels()[1]
         assert labels.count("dense") == 1 and labels.count("chance") == 1
         assert ax.containers[0].has_yerr
+
+
+def test_dense_run_is_keyed_without_a_seed_it_does_not_use(store):
+    from prunebench.tracking.run_key import run_key
+
+    assert run(compose_cfg(TINY_MC + ["pruner=none", "seed=0"])) is not None
+    assert run(compose_cfg(TINY_MC + ["pruner=none", "seed=1"])) is None  # the same dense work: skipped
+    # a pruner that draws from the seed keeps it in its key
+    random = [*TINY_MC, "pruner=random", "sparsity=0.5"]
+    assert run_key(compose_cfg(random + ["seed=0"])) != run_key(compose_cfg(random + ["seed=1"]))
+    # so does a latency protocol whose prompt the seed draws
+    timed = [*TINY_MC, "pruner=none", "bench=llm_generate"]
+    assert run_key(compose_cfg(timed + ["seed=0"])) != run_key(compose_cfg(timed + ["seed=1"]))
+
+
+def test_a_failing_dense_baseline_fails_once_and_its_pruned_jobs_name_it(store, monkeypatch):
+    import prunebench.job as job
+    from prunebench.tracking import store as tracking_store
+
+    calls = []
+    real = job.execute
+
+    def execute(cfg, tasks, dense):
+        calls.append(dense)
+        if dense:
+            raise RuntimeError("dense model exploded")
+        return real(cfg, tasks, dense)
+
+    monkeypatch.setattr(job, "execute", execute)
+    parent = MlflowClient(store).create_run(tracking_store.experiment_id(store, "prunebench"),
+                                            tags={"prunebench.sweep": "true"}).info.run_id
+    for sparsity in (0.3, 0.5):
+        with pytest.raises(job.DenseBaselineFailed, match="dense model exploded"):
+            run(compose_cfg(TINY_MC + [f"sparsity={sparsity}"]), [f"sparsity={sparsity}"], parent)
+    assert calls == [True]  # the dense model was tried once, no pruned job loaded a model
+    df = runs(store)
+    children = df[df["tags.mlflow.parentRunId"] == parent]
+    assert sorted(zip(children["tags.prunebench.pruner"], children.status)) == [
+        ("magnitude", "FAILED"), ("magnitude", "FAILED"), ("none", "FAILED")]
+    dense_id = children[children["tags.prunebench.pruner"] == "none"].run_id.iloc[0]
+    errors = sorted(children[children["tags.prunebench.pruner"] == "magnitude"]["tags.prunebench.error"])
+    assert all("RuntimeError: dense model exploded" in e for e in errors)
+    # the first pruned job tried the dense run; the second found it FAILED in this sweep and named it
+    assert sum(f"failed earlier in this sweep (run {dense_id})" in e for e in errors) == 1

@@ -89,9 +89,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
+    dense_failure = None
     if not dense and cfg.tracking.ensure_dense and baseline is None:
-        log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
-        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
+        dense_failure = ensure_dense(cfg, overrides, parent_run_id, uri, exp_id, baseline_key)
     run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
     tags = job_tags(cfg, key, list(overrides))
     if inputs:  # which data ran, short enough for a report row (the full digests are the run's dataset inputs)
@@ -109,6 +109,8 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         return None
     start = time.perf_counter()
     with store.job_run(held, run_name) as active:
+        if dense_failure:  # recorded FAILED like any job, naming why, before any model loads
+            raise DenseBaselineFailed(dense_failure)
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
@@ -139,6 +141,27 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
              summary(metrics, tasks), active.info.run_id, uri)
     return metrics
+
+
+class DenseBaselineFailed(RuntimeError):
+    """A pruned job's dense baseline failed: its stability has nothing to compare with."""
+
+
+def ensure_dense(cfg: DictConfig, overrides, parent_run_id: str | None, uri: str, exp_id: str, key: str) -> str | None:
+    """Evaluates the missing dense baseline first (tracking.ensure_dense=true), once per sweep: when
+    it already failed in this sweep it is not tried again by every pruned job (each would fail the
+    same way, and a judge sweep made two FAILED dense runs and no pruned one). Returns why the
+    baseline is missing, for the pruned job to fail with; None when it finished."""
+    failed = store.failed_run(uri, exp_id, key, parent_run_id) if parent_run_id else None
+    if failed is not None:
+        return (f"its dense baseline failed earlier in this sweep (run {failed.info.run_id}): "
+                f"{failed.data.tags.get('prunebench.error', 'no error recorded')}")
+    log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
+    try:
+        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
+    except Exception as err:  # recorded FAILED in the store by the dense job itself
+        return f"its dense baseline failed: {type(err).__name__}: {err}"
+    return None
 
 
 def per_document(records: list[dict], metric: str) -> dict:
