@@ -233,3 +233,14 @@ def test_a_failing_dense_baseline_fails_once_and_its_pruned_jobs_name_it(store, 
     assert all("RuntimeError: dense model exploded" in e for e in errors)
     # the first pruned job tried the dense run; the second found it FAILED in this sweep and named it
     assert sum(f"failed earlier in this sweep (run {dense_id})" in e for e in errors) == 1
+
+
+def test_a_model_named_by_a_folder_shows_the_folder_in_run_names(store, tmp_path):
+    from prunebench.api.model_keys import display_name
+
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("0" * 40)
+    assert display_name(str(snapshot)) == "org/tiny"
+    assert display_name(str(tmp_path / "models" / "my-llama")) == "my-llama"
+    assert display_name("meta-llama/Llama-2-7b-hf") == "meta-llama/Llama-2-7b-hf"  # a hub id as it is
+    run(compose_cfg(TINY_MC + ["pruner=none", f"model.name={tmp_path / 'models' / 'my-llama'}"]))
+    assert runs(store)["tags.mlflow.runName"].tolist() == ["my-llama|none|0.0|local_mc"]

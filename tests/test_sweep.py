@@ -50,6 +50,10 @@ def test_failing_job_fails_alone_then_a_rerun_only_runs_that_cell(store, tmp_pat
     assert (parent["tags.prunebench.jobs_finished"], parent["tags.prunebench.jobs_failed"]) == ("3", "1")
     failed = children[children.status == "FAILED"].iloc[0]
     assert f"{paths[2]}, line 1, column 2" in failed["tags.prunebench.error"]
+    # the sweep's report names the failed job and its error line, and the sweep printed it
+    report = (Path(parent["tags.hydra.sweep_dir"]) / "report" / "results.md").read_text()
+    assert "## Failed jobs (1)" in report and f"{paths[2]}, line 1, column 2" in report
+    assert "## Failed jobs (1)" in proc.stdout and "| model | pruner | sparsity | task |" in proc.stdout
     paths[2].write_text(MC_FIXTURE.read_text())
     sweep(grid, "pruner=none")
     runs = all_runs(store)

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.metrics import readable
-from prunebench.api.model_keys import run_dtype
+from prunebench.api.model_keys import display_name, run_dtype
 from prunebench.bench import memory
 from prunebench.cache import content_key
 from prunebench.evaluation.progress import DocumentProgress
@@ -92,7 +92,8 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     dense_failure = None
     if not dense and cfg.tracking.ensure_dense and baseline is None:
         dense_failure = ensure_dense(cfg, overrides, parent_run_id, uri, exp_id, baseline_key)
-    run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
+    run_name = (f"{display_name(cfg.model.name)}|{'none' if dense else cfg.pruner.name}|"
+                f"{0.0 if dense else cfg.sparsity}|{cfg.task.name}")
     tags = job_tags(cfg, key, list(overrides))
     if inputs:  # which data ran, short enough for a report row (the full digests are the run's dataset inputs)
         tags["prunebench.inputs"] = content_key(inputs)[:12]

@@ -12,8 +12,8 @@ import pandas as pd
 from prunebench.report import plots
 from prunebench.report.predictions import chance_levels
 from prunebench.report.suites import suite_tables
-from prunebench.report.table import (CSV_FLOATS, SETTING, documents, load_runs, results_table, shown_columns,
-                                     task_columns, to_markdown)
+from prunebench.report.table import (CSV_FLOATS, SETTING, documents, failed_jobs, load_runs, results_table,
+                                     shown_columns, task_columns, to_markdown)
 
 
 LAYOUTS = ("flat", "paper")
@@ -25,9 +25,16 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     `layout="paper"` adds the paper's table, flips and comparisons (report/paper.py) to the flat report.
     One table per setting (report/settings.py), headed by it and by each task's documents."""
     runs = load_runs(experiment, sweep_run_id)
+    failed = failed_jobs(experiment, sweep_run_id, runs)
+    # a grid with holes says where and why, not only in the parent's counts
+    failures = [f"## Failed jobs ({len(failed)})\n\n{to_markdown(failed)}"] if not failed.empty else []
     if runs.empty:
-        raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
-                          + (f" in sweep {sweep_run_id}" if sweep_run_id else ""))
+        if not failures:
+            raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
+                              + (f" in sweep {sweep_run_id}" if sweep_run_id else ""))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text("No FINISHED job.\n\n" + "\n\n".join(failures) + "\n")
+        return out
     table = results_table(runs)
     summaries = suite_tables(runs, suites)
     out.mkdir(parents=True, exist_ok=True)
@@ -37,6 +44,7 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
         summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
+    sections += failures
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
     table.to_csv(out / "results.csv", index=False, float_format=CSV_FLOATS)
     dense = table[table.pruner == "none"]

@@ -11,6 +11,7 @@ import pandas as pd
 from prunebench.api.metrics import readable
 from prunebench.report.settings import settings
 from prunebench.tracking.run_key import MODEL_RUNTIME_KEYS, RUNTIME_KEYS
+from prunebench.tracking.store import KEY_TAG
 from prunebench.tracking.sweep import cell_run_ids
 
 ID_COLUMNS = ["model", "pruner", "sparsity", "task"]
@@ -49,6 +50,29 @@ def load_runs(experiment: str, sweep_run_id: str | None = None) -> pd.DataFrame:
     runs = pd.concat(frames, ignore_index=True)
     runs = runs.sort_values("start_time", ascending=False)
     return runs.drop_duplicates("tags.prunebench.run_key").reset_index(drop=True)
+
+
+def failed_jobs(experiment: str, sweep_run_id: str | None, finished: pd.DataFrame) -> pd.DataFrame:
+    """The jobs that ended FAILED or KILLED, each with the first line of its error (tag
+    prunebench.error): a sweep's, or for the whole experiment those whose run key has no FINISHED run
+    in `finished` (a later rerun mended them; a job refused by validation has no key and stays)."""
+    filters = ["attributes.status != 'FINISHED'", "attributes.status != 'RUNNING'"]  # no IN for status
+    if sweep_run_id:
+        filters.append(f"tags.`mlflow.parentRunId` = '{sweep_run_id}'")
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(filters),
+                              order_by=["attributes.start_time ASC"])
+    columns = ["job", "status", "overrides", "error", "run_id"]
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    def tag(name: str) -> pd.Series:
+        return runs.get(f"tags.{name}", pd.Series([None] * len(runs))).fillna("")
+    keep = tag("prunebench.sweep") != "true"
+    if not sweep_run_id and not finished.empty:
+        keep &= ~tag(KEY_TAG).isin(set(finished[f"tags.{KEY_TAG}"]))
+    errors = tag("prunebench.error").map(lambda e: e.strip().splitlines()[0] if e.strip() else "(no error recorded)")
+    table = pd.DataFrame({"job": tag("mlflow.runName"), "status": runs.status, "overrides": tag("hydra.overrides"),
+                          "error": errors, "run_id": runs.run_id})
+    return table[keep.values].reset_index(drop=True)
 
 
 def results_table(runs: pd.DataFrame) -> pd.DataFrame:
