@@ -15,11 +15,13 @@ from prunebench.report.table import DIFFERS, SETTING, task_columns as task_colum
 
 
 def _settings(table: pd.DataFrame):
-    """(heading, rows) per setting: runs of other settings share no panel (report/settings.py)."""
-    if SETTING not in table:
+    """(heading, rows) per setting: runs of other settings share no panel (report/settings.py); a
+    table without settings (a suite's averages) per model at least."""
+    key = SETTING if SETTING in table else "model" if "model" in table else None
+    if key is None:
         yield "", table
         return
-    for heading, rows in table.groupby(SETTING, sort=True):
+    for heading, rows in table.groupby(key, sort=True):
         yield heading, rows
 
 
