@@ -18,7 +18,7 @@ ALLOWED = {
     "pruners": {"models", "cache"},
     "tracking": {"api", "cache"},
     "judges": {"cache", "models"},
-    "report": {"tracking", "paths"},
+    "report": {"api", "tracking", "paths"},
 }
 
 

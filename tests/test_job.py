@@ -82,8 +82,9 @@ def test_failure_during_the_job_marks_the_run_failed_with_traceback(store):
     with pytest.raises(Exception):
         run(compose_cfg(TINY_MC + ["model.config.num_attention_heads=5"]))  # 64 % 5 != 0: load fails
     df = runs(store)
-    assert list(df.status) == ["FAILED"]
-    assert "traceback.txt" in {a.path for a in MlflowClient(store).list_artifacts(df.run_id[0])}
+    assert list(df.status) == ["FAILED", "FAILED"]  # the dense baseline, then the pruned job naming it
+    for run_id in df.run_id:
+        assert "traceback.txt" in {a.path for a in MlflowClient(store).list_artifacts(run_id)}
 
 
 @pytest.mark.parametrize("override, message", [("sparsity=1.5", "sparsity=1.5"), ("task=nope", "task/nope"),
@@ -156,3 +157,90 @@ def test_a_job_that_dies_on_a_later_task_keeps_the_finished_tasks_metrics(store,
     failed = runs(store).iloc[0]
     assert failed.status == "FAILED"
     assert failed["metrics.local_mc/acc_norm"] >= 0 and "metrics.second/acc_norm" not in failed
+
+
+def test_each_number_says_how_many_documents_and_stability_carries_its_paired_interval(store, tmp_path):
+    from prunebench.report.build import write_report
+
+    run(compose_cfg(TINY_MC + ["pruner=none"]))
+    run(compose_cfg(TINY_MC + ["pruner=random", "sparsity=0.5"]))
+    dense, pruned = (row for _, row in runs(store).iterrows())
+    for row in (dense, pruned):
+        assert row["metrics.local_mc/n_docs"] == 5
+        # a float32 metric is logged as its shortest decimal (0.8), not its float64 expansion
+        assert len(repr(row["metrics.local_mc/acc_norm"])) <= 4
+    assert dense["metrics.stability/local_mc_ci_low"] == dense["metrics.stability/local_mc_ci_high"] == 100.0
+    low, high = pruned["metrics.stability/local_mc_ci_low"], pruned["metrics.stability/local_mc_ci_high"]
+    assert low <= pruned["metrics.stability/local_mc"] <= high
+    assert (pruned["metrics.stability/avg_ci_low"], pruned["metrics.stability/avg_ci_high"]) == (low, high)
+    out = write_report("prunebench", None, tmp_path / "report")
+    assert "documents: local_mc 5" in (out / "results.md").read_text()
+    assert "0000000" not in (out / "results.csv").read_text()
+    # the default plots: standard-error / interval bars, the dense and the chance level
+    from prunebench.report import plots
+    from prunebench.report.table import load_runs, results_table
+
+    table = results_table(load_runs("prunebench"))
+    setting = table.setting.iloc[0]
+    chance = (1 / 3 + 1 / 4 + 1 / 2 + 1 / 3 + 1 / 3) / 5  # the fixture's documents have 3, 4, 2, 3 and 3 choices
+    for fig in (plots.metric_vs_sparsity(table, ["local_mc/acc_norm"], {(setting, "local_mc"): chance}),
+                plots.stability_vs_sparsity(table, {(setting, "local_mc"): chance})):
+        ax, = fig.axes
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels.count("dense") == 1 and labels.count("chance") == 1
+        assert ax.containers[0].has_yerr
+
+
+def test_dense_run_is_keyed_without_a_seed_it_does_not_use(store):
+    from prunebench.tracking.run_key import run_key
+
+    assert run(compose_cfg(TINY_MC + ["pruner=none", "seed=0"])) is not None
+    assert run(compose_cfg(TINY_MC + ["pruner=none", "seed=1"])) is None  # the same dense work: skipped
+    # a pruner that draws from the seed keeps it in its key
+    random = [*TINY_MC, "pruner=random", "sparsity=0.5"]
+    assert run_key(compose_cfg(random + ["seed=0"])) != run_key(compose_cfg(random + ["seed=1"]))
+    # so does a latency protocol whose prompt the seed draws
+    timed = [*TINY_MC, "pruner=none", "bench=llm_generate"]
+    assert run_key(compose_cfg(timed + ["seed=0"])) != run_key(compose_cfg(timed + ["seed=1"]))
+
+
+def test_a_failing_dense_baseline_fails_once_and_its_pruned_jobs_name_it(store, monkeypatch):
+    import prunebench.job as job
+    from prunebench.tracking import store as tracking_store
+
+    calls = []
+    real = job.execute
+
+    def execute(cfg, tasks, dense):
+        calls.append(dense)
+        if dense:
+            raise RuntimeError("dense model exploded")
+        return real(cfg, tasks, dense)
+
+    monkeypatch.setattr(job, "execute", execute)
+    parent = MlflowClient(store).create_run(tracking_store.experiment_id(store, "prunebench"),
+                                            tags={"prunebench.sweep": "true"}).info.run_id
+    for sparsity in (0.3, 0.5):
+        with pytest.raises(job.DenseBaselineFailed, match="dense model exploded"):
+            run(compose_cfg(TINY_MC + [f"sparsity={sparsity}"]), [f"sparsity={sparsity}"], parent)
+    assert calls == [True]  # the dense model was tried once, no pruned job loaded a model
+    df = runs(store)
+    children = df[df["tags.mlflow.parentRunId"] == parent]
+    assert sorted(zip(children["tags.prunebench.pruner"], children.status)) == [
+        ("magnitude", "FAILED"), ("magnitude", "FAILED"), ("none", "FAILED")]
+    dense_id = children[children["tags.prunebench.pruner"] == "none"].run_id.iloc[0]
+    errors = sorted(children[children["tags.prunebench.pruner"] == "magnitude"]["tags.prunebench.error"])
+    assert all("RuntimeError: dense model exploded" in e for e in errors)
+    # the first pruned job tried the dense run; the second found it FAILED in this sweep and named it
+    assert sum(f"failed earlier in this sweep (run {dense_id})" in e for e in errors) == 1
+
+
+def test_a_model_named_by_a_folder_shows_the_folder_in_run_names(store, tmp_path):
+    from prunebench.api.model_keys import display_name
+
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("0" * 40)
+    assert display_name(str(snapshot)) == "org/tiny"
+    assert display_name(str(tmp_path / "models" / "my-llama")) == "my-llama"
+    assert display_name("meta-llama/Llama-2-7b-hf") == "meta-llama/Llama-2-7b-hf"  # a hub id as it is
+    run(compose_cfg(TINY_MC + ["pruner=none", f"model.name={tmp_path / 'models' / 'my-llama'}"]))
+    assert runs(store)["tags.mlflow.runName"].tolist() == ["my-llama|none|0.0|local_mc"]

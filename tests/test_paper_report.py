@@ -61,7 +61,9 @@ def test_rows_are_keyed_by_the_whole_config_and_seeds_averaged(grid):
 def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
     out = tmp_path / "rep"
     assert report_main(["--experiment", "prunebench", "--out", str(out), "--layout", "paper"]) == 0
-    assert capsys.readouterr().out.startswith("## Paper layout\n\n| model | pruner | ratio | local_mc/acc_norm |")
+    printed = capsys.readouterr().out
+    assert printed.startswith("## Paper layout\n\n### tiny-llama · task=local_mc · limit=null · data=mc_questions")
+    assert "\n\n| model | pruner | ratio | local_mc/acc_norm |" in printed, printed
     assert {"paper.md", "paper.csv", "paper.tex", "flips.csv", "comparisons.csv", "paper.png",
             "results.md"} <= {p.name for p in out.iterdir()}
     tex = (out / "paper.tex").read_text()
@@ -98,3 +100,40 @@ def test_checkpoints_per_task_share_a_row_though_each_calibrates_on_its_own_task
     table = paper_table(task_results(load_runs("prunebench")))
     assert list(zip(table.model, table.label)) == [("(one per task)", "none"), ("(one per task)", "hies")]
     assert list(table.tasks) == ["2/2", "2/2"]
+
+
+def sweep_parent(uri: str) -> str:
+    """A sweep's parent run, as the sweep callback makes it, for jobs run in this process."""
+    from prunebench.tracking import store as tracking_store
+
+    exp_id = tracking_store.experiment_id(uri, "prunebench")
+    return mlflow.MlflowClient(uri).create_run(exp_id, tags={"prunebench.sweep": "true"}).info.run_id
+
+
+def test_two_sweeps_of_other_models_and_limits_never_share_a_table_or_a_panel(store, tmp_path, capsys):
+    from prunebench.report.paper import figure
+
+    for model, limit in (("tiny-llama", 3), ("tiny-llama-2", 2)):
+        parent = sweep_parent(store)
+        run(compose_cfg([*TINY_MC, f"model.name={model}", f"limit={limit}", "sparsity=0.5"]), [], parent)
+    # by default the latest sweep alone
+    assert report_main(["--out", str(tmp_path / "latest"), "--layout", "paper"]) == 0
+    assert f"(report of sweep {parent} (--all: the whole experiment)" in capsys.readouterr().out
+    latest = pd.read_csv(tmp_path / "latest" / "paper.csv")
+    assert set(latest.model) == {"tiny-llama-2"} and len(latest) == 2
+    # the whole experiment on request: a table per setting, each headed by its model and limit
+    assert report_main(["--all", "--out", str(tmp_path / "all"), "--layout", "paper"]) == 0
+    text = (tmp_path / "all" / "paper.md").read_text()
+    headings = [line[4:] for line in text.splitlines() if line.startswith("### ")]
+    assert [h.split(" · ")[0] + " " + h.split(" · ")[2] for h in headings] == ["tiny-llama limit=3",
+                                                                               "tiny-llama-2 limit=2"]
+    table = pd.read_csv(tmp_path / "all" / "paper.csv")
+    for heading in headings:
+        rows = table[table.setting == heading]
+        assert list(rows.label) == ["none", "magnitude"] and set(rows.tasks) == {"1/1"}
+    # one row of panels per setting, each with its own dense level only
+    fig = figure(paper_table(task_results(load_runs("prunebench"))), {})
+    assert len(fig.axes) == 2
+    for ax, heading in zip(fig.axes, headings):
+        assert heading.split(" · ")[0] in ax.get_title()
+        assert ax.get_legend_handles_labels()[1].count("dense") == 1

@@ -28,7 +28,12 @@ def test_table_values_equal_mlflow_metrics(store, tmp_path, capsys):
             assert row[col] == logged[f"metrics.{col}"], col
     assert report_main(["--experiment", "prunebench", "--out", str(tmp_path / "rep")]) == 0
     printed = capsys.readouterr().out
-    assert printed.splitlines()[0].startswith("| model | pruner | sparsity | task | local_mc/acc_norm")
+    lines = printed.splitlines()
+    # one setting: one table, headed by what it holds
+    assert lines[0].startswith("## tiny-llama · task=local_mc · limit=null · data=mc_questions.jsonl@")
+    assert lines[0].endswith(" · dtype=float32 · numerics=fast · protocol=lm_eval")
+    assert lines[2] == "documents: local_mc 5"  # how many documents its numbers rest on
+    assert lines[4].startswith("| model | pruner | sparsity | task | local_mc/acc_norm")
     assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 4
 
 

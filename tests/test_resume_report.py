@@ -13,6 +13,7 @@ import mlflow
 import pandas as pd
 
 from conftest import MC_FIXTURE, compose_cfg
+from prunebench.inputs import digest
 from prunebench.job import run
 from prunebench.report.build import write_report
 from prunebench.report.cli import main as report_main
@@ -68,20 +69,31 @@ def test_two_sweeps_started_together_on_a_fresh_store_keep_their_own_parent_fold
     assert len(folders) == 2 and all((Path(f) / "report" / "results.md").is_file() for f in folders)
 
 
-def test_rows_sharing_model_pruner_sparsity_and_task_say_what_differs(store, tmp_path):
+def test_runs_of_other_limits_or_data_get_their_own_tables_and_differs_says_what_in_words(store, tmp_path):
     data = tmp_path / "more.jsonl"
     data.write_text(MC_FIXTURE.read_text() + json.dumps({"question": "1+1?", "choices": ["2", "3"], "label": 0}) + "\n")
     base = ["model=tiny-llama", "task=local_mc", "pruner=none", "trainer.enable_progress_bar=false"]
+    template = "task.tasks.local_mc.doc_to_text='Q: {{question}} A:'"
     for overrides in ([f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=1"],
                       [f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=2"],
-                      [f"task.tasks.local_mc.source.path={data}", "limit=2"]):
+                      [f"task.tasks.local_mc.source.path={data}", "limit=2"],
+                      [f"task.tasks.local_mc.source.path={data}", "limit=2", template]):
         run(compose_cfg(base + overrides))
     mlflow.set_tracking_uri(store)
     table = results_table(load_runs("prunebench"))
-    differs = sorted(table["differs"])
-    assert len(differs) == 3 and len(set(differs)) == 3
-    assert sum("limit=1" in d for d in differs) == 1 and all("data=" in d for d in differs)
-    assert sum(str(data)[:20] in d for d in differs) == 1  # the data file's path, cut to the column's width
+    # never in one table: each limit and each data file is a setting of its own, headed by it in words
+    headings = sorted(set(table.setting))
+    assert [h.split(" · ")[2:4] for h in headings] == [
+        ["limit=1", f"data=mc_questions.jsonl@{digest(MC_FIXTURE)[:4]}"],
+        ["limit=2", f"data=mc_questions.jsonl@{digest(MC_FIXTURE)[:4]}"],
+        ["limit=2", f"data=more.jsonl@{digest(data)[:4]}"]]
+    text = (write_report("prunebench", None, tmp_path / "report") / "results.md").read_text()
+    assert [line[3:] for line in text.splitlines() if line.startswith("## ")] == headings
+    # within a setting, what still differs is named by the override that sets it, not by a digest
+    differs = sorted(table[table.setting == headings[2]].differs)
+    assert differs == ["task.tasks.local_mc.doc_to_text=Q: {{question}} A:",
+                       "task.tasks.local_mc.doc_to_text=Question: {{question}}\\nAnswer:"]
+    assert set(table[table.setting != headings[2]].differs) == {""}
 
 
 def test_a_report_without_stability_says_why(store, tmp_path):

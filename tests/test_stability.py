@@ -32,3 +32,32 @@ def test_missing_dense_values_are_said():
     values, excluded = stability({"a": 0.5, "b": 0.5}, {"a": 0.5, "b": None})
     assert values == {"stability/a": 100.0, "stability/avg": 100.0}
     assert excluded == {"b": "no dense value"}
+
+
+def test_paired_bootstrap_interval_holds_the_ratio_and_pairs_documents():
+    from prunebench.tracking.stability import paired_bootstrap
+
+    dense = {"a": {i: float(i % 2) for i in range(200)}}  # 0.5
+    same = paired_bootstrap(dense, dense, ["a"])
+    # the same answers on every document: every draw's ratio is exactly 100
+    assert same == {"stability/a_ci_low": 100.0, "stability/a_ci_high": 100.0,
+                    "stability/avg_ci_low": 100.0, "stability/avg_ci_high": 100.0}
+    pruned = {"a": {i: float(i % 2 and i % 10 != 1) for i in range(200)}}  # loses 1 in 5 right answers: 80
+    bounds = paired_bootstrap(pruned, dense, ["a"])
+    assert bounds["stability/a_ci_low"] < 80 < bounds["stability/a_ci_high"] <= 100
+    # paired: the pruned model only ever loses answers, so no draw can reach 100 ...
+    assert bounds["stability/a_ci_high"] < 100
+    # ... where the same values shuffled between documents (unpaired) would: wider on both sides
+    shuffled = {"a": dict(zip(range(200), reversed(list(pruned["a"].values()))))}
+    unpaired = paired_bootstrap(shuffled, dense, ["a"])
+    assert unpaired["stability/a_ci_high"] - unpaired["stability/a_ci_low"] > \
+        bounds["stability/a_ci_high"] - bounds["stability/a_ci_low"]
+    assert paired_bootstrap(pruned, dense, ["a"]) == bounds  # seeded: a rerun logs the same bounds
+
+
+def test_a_task_without_per_document_values_has_no_interval_and_no_average_interval():
+    from prunebench.tracking.stability import paired_bootstrap
+
+    docs = {"a": {0: 1.0, 1: 0.0}}
+    bounds = paired_bootstrap(docs, docs, ["a", "mcc_task"])
+    assert set(bounds) == {"stability/a_ci_low", "stability/a_ci_high"}

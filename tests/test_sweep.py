@@ -50,6 +50,10 @@ def test_failing_job_fails_alone_then_a_rerun_only_runs_that_cell(store, tmp_pat
     assert (parent["tags.prunebench.jobs_finished"], parent["tags.prunebench.jobs_failed"]) == ("3", "1")
     failed = children[children.status == "FAILED"].iloc[0]
     assert f"{paths[2]}, line 1, column 2" in failed["tags.prunebench.error"]
+    # the sweep's report names the failed job and its error line, and the sweep printed it
+    report = (Path(parent["tags.hydra.sweep_dir"]) / "report" / "results.md").read_text()
+    assert "## Failed jobs (1)" in report and f"{paths[2]}, line 1, column 2" in report
+    assert "## Failed jobs (1)" in proc.stdout and "| model | pruner | sparsity | task |" in proc.stdout
     paths[2].write_text(MC_FIXTURE.read_text())
     sweep(grid, "pruner=none")
     runs = all_runs(store)
@@ -100,8 +104,8 @@ def test_report_figures_have_one_panel_per_task_and_one_line_per_pruner():
                           "stability/avg": [100, 85, 64, 92, 78]})
     fig = plots.metric_vs_sparsity(table, ["t1/acc", "t2/acc_norm"])
     assert len(fig.axes) == 2
-    assert [len(ax.lines) for ax in fig.axes] == [2, 2]
-    assert list(fig.axes[0].lines[0].get_xdata()) == [0.0, 0.3, 0.5]  # each line starts at the dense point
+    assert [len(ax.containers) for ax in fig.axes] == [2, 2]  # an error-bar line per pruner
+    assert list(fig.axes[0].containers[0].lines[0].get_xdata()) == [0.0, 0.3, 0.5]  # each starts at the dense point
     assert plots.pareto_front([(1.0, 0.7), (0.8, 0.6), (0.6, 0.45), (0.9, 0.65), (0.7, 0.55), (0.95, 0.5)]) == [
         (0.6, 0.45), (0.7, 0.55), (0.8, 0.6), (0.9, 0.65), (1.0, 0.7)]
 

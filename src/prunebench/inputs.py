@@ -89,3 +89,27 @@ def log_inputs(inputs: dict[str, dict[str, str]]) -> None:
             # MLflow stores a dataset's digest in a column of 36 characters
             dataset = MetaDataset(source, name=Path(path).name, digest=value[:32])
             mlflow.log_input(dataset, context=context)
+
+
+# hex digits of a file's digest shown beside its name: enough to tell two versions of one file apart
+# at a glance (the full digests are the run's dataset inputs)
+SHOWN_DIGEST = 4
+
+
+def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -> dict[str, str]:
+    """{"data": the tasks' files, "calib_data": the calibration's}, each as `path@digest` (the path
+    under `data_dir` when it lies there, else its file name): what a report names when two runs read
+    other data, in words a reader can find the file by, unlike the combined digest. Empty ones left out."""
+    root = Path(data_dir).expanduser().resolve() if data_dir else None
+
+    def named(files: dict[str, str]) -> list[str]:
+        out = []
+        for path, value in files.items():
+            where = Path(path)
+            shown = where.relative_to(root).as_posix() if root and where.is_relative_to(root) else where.name
+            out.append(f"{shown}@{value[:SHOWN_DIGEST]}")
+        return out
+
+    tasks = [n for context, files in inputs.items() if context.startswith("task:") for n in named(files)]
+    out = {"data": ", ".join(dict.fromkeys(tasks)), "calib_data": ", ".join(named(inputs.get("calib", {})))}
+    return {key: value for key, value in out.items() if value}

@@ -11,17 +11,18 @@ import mlflow
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from prunebench.api.model_keys import run_dtype
+from prunebench.api.metrics import readable
+from prunebench.api.model_keys import display_name, run_dtype
 from prunebench.bench import memory
 from prunebench.cache import content_key
 from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
-from prunebench.inputs import job_inputs, log_inputs
+from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
-from prunebench.tracking.stability import stability
+from prunebench.tracking.stability import paired_bootstrap, stability
 from prunebench.tracking.sweep import record_cell
 from prunebench.validate import ConfigError, calibration_config, validate
 
@@ -58,7 +59,7 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
     progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
-    metrics = {key: float(value) for key, value in results.items()}
+    metrics = {key: readable(float(value)) for key, value in results.items()}
     for metric in task.metrics:
         metrics[f"{name}/{metric}_stderr"] = module.stderr(metric)
     return metrics, module.records
@@ -88,13 +89,16 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
+    dense_failure = None
     if not dense and cfg.tracking.ensure_dense and baseline is None:
-        log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
-        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
-    run_name = f"{cfg.model.name}|{'none' if dense else cfg.pruner.name}|{0.0 if dense else cfg.sparsity}|{cfg.task.name}"
+        dense_failure = ensure_dense(cfg, overrides, parent_run_id, uri, exp_id, baseline_key)
+    run_name = (f"{display_name(cfg.model.name)}|{'none' if dense else cfg.pruner.name}|"
+                f"{0.0 if dense else cfg.sparsity}|{cfg.task.name}")
     tags = job_tags(cfg, key, list(overrides))
     if inputs:  # which data ran, short enough for a report row (the full digests are the run's dataset inputs)
         tags["prunebench.inputs"] = content_key(inputs)[:12]
+        # the same, file by file in words: what a report heads a table with (`data=arc/ARC-Easy-Test.jsonl@ab12`)
+        tags.update({f"prunebench.{key}": value for key, value in data_names(inputs, cfg.get("data_dir")).items()})
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     held = claim.acquire(uri, exp_id, key, run_name, tags, cfg.tracking.claim, cfg.tracking.skip_existing)
@@ -106,10 +110,12 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         return None
     start = time.perf_counter()
     with store.job_run(held, run_name) as active:
+        if dense_failure:  # recorded FAILED like any job, naming why, before any model loads
+            raise DenseBaselineFailed(dense_failure)
         mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
-        metrics, logged = execute(cfg, tasks, dense)
+        metrics, logged, documents = execute(cfg, tasks, dense)
         # a split without answers (a submission) has no metric, so no place in the average
         scored = {name: task for name, task in tasks.items() if task.metrics}
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
@@ -126,6 +132,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         if dense_primary:
             values, excluded = stability(primary, dense_primary, lower)
             metrics.update(values)
+            dense_documents = documents if dense else {
+                name: per_document(read_records(dense_run.info.run_id, name), scored[name].primary) for name in primary}
+            metrics.update(paired_bootstrap(documents, dense_documents, [n for n in primary if n not in excluded]))
             # which tasks the stability average is over, and why any other task has no stability
             mlflow.set_tags({"prunebench.stability_tasks": json.dumps([n for n in primary if n not in excluded]),
                              "prunebench.stability_excluded": json.dumps(excluded)})
@@ -133,6 +142,46 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
              summary(metrics, tasks), active.info.run_id, uri)
     return metrics
+
+
+class DenseBaselineFailed(RuntimeError):
+    """A pruned job's dense baseline failed: its stability has nothing to compare with."""
+
+
+def ensure_dense(cfg: DictConfig, overrides, parent_run_id: str | None, uri: str, exp_id: str, key: str) -> str | None:
+    """Evaluates the missing dense baseline first (tracking.ensure_dense=true), once per sweep: when
+    it already failed in this sweep it is not tried again by every pruned job (each would fail the
+    same way, and a judge sweep made two FAILED dense runs and no pruned one). Returns why the
+    baseline is missing, for the pruned job to fail with; None when it finished."""
+    failed = store.failed_run(uri, exp_id, key, parent_run_id) if parent_run_id else None
+    if failed is not None:
+        return (f"its dense baseline failed earlier in this sweep (run {failed.info.run_id}): "
+                f"{failed.data.tags.get('prunebench.error', 'no error recorded')}")
+    log.info("no dense baseline for this job yet: evaluating it first (tracking.ensure_dense=true)")
+    try:
+        run(dense_config(cfg), [*overrides, "(dense baseline)"], parent_run_id)
+    except Exception as err:  # recorded FAILED in the store by the dense job itself
+        return f"its dense baseline failed: {type(err).__name__}: {err}"
+    return None
+
+
+def per_document(records: list[dict], metric: str) -> dict:
+    """{doc_id: the document's value of `metric`}, or {} when the metric is a corpus-level one (MCC,
+    perplexity: no document has a value of it)."""
+    if not records or not isinstance(records[0].get(metric), (int, float)):
+        return {}
+    return {r.get("doc_id", i): float(r[metric]) for i, r in enumerate(records)}
+
+
+def read_records(run_id: str, task: str) -> list[dict]:
+    """A run's `predictions/<task>.jsonl`; [] when it has none (a run older than the artifact)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{task}.jsonl")
+    except (MlflowException, OSError):
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigError) -> None:
@@ -170,9 +219,10 @@ def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
-def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str]]:
+def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
-    metrics and the names already logged (each task's, as soon as it finished)."""
+    metrics, the names already logged (each task's, as soon as it finished) and each task's
+    per-document values of its primary metric (`per_document`), for stability's interval."""
     from prunebench.models.introspection import count_parameters
 
     memory.reset_peaks()
@@ -180,6 +230,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     pruner = instantiate(cfg.pruner, _convert_="all")
     metrics: dict[str, float] = {}
     logged: set[str] = set()
+    documents: dict[str, dict] = {}
     start = time.perf_counter()
     scores = None
     if not dense:
@@ -203,6 +254,9 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         mlflow.set_tags(getattr(task, "tags", {}))
         task_metrics, records = evaluate_task(cfg, loaded, name, task)
         task_metrics.update(pruner.task_metrics(name))
+        task_metrics[f"{name}/n_docs"] = float(len(records))  # how many documents its numbers rest on
+        if task.metrics:
+            documents[name] = per_document(records, task.primary)
         mlflow.log_metrics(task_metrics)  # now, so a job that dies on a later task keeps this one's
         metrics.update(task_metrics)
         logged.update(task_metrics)
@@ -221,4 +275,4 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
     metrics.update(memory.peaks())
-    return metrics, logged
+    return metrics, logged, documents

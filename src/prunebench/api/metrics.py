@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torchmetrics
 
@@ -13,6 +14,15 @@ import torchmetrics
 def first_argmax(values: Sequence[float]) -> int:
     """numpy's argmax rule: the first index wins ties."""
     return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def readable(value):
+    """A metric computed in float32 (torchmetrics' default) reaches MLflow and the tables as its float64
+    expansion (0.30000001192092896); written as the shortest decimal of the same float32 (0.3), it
+    loses nothing. Any other value, a float64 one included, is kept as it is."""
+    if not isinstance(value, float) or math.isnan(value) or float(np.float32(value)) != value:
+        return value
+    return float(str(np.float32(value)))
 
 
 def mean_stderr(values: Sequence[float]) -> float:

@@ -1,6 +1,8 @@
 """Model-config keys that describe a model for planning (`prunebench-plan`'s cost classes) and are
 no loader's argument: the loader drops them, and run keys ignore them."""
 
+from pathlib import Path
+
 PLANNING_KEYS = ("params_b",)
 
 
@@ -25,3 +27,16 @@ def run_dtype(model_cfg) -> str:
     share numbers it did not compute alike."""
     dtype = model_cfg.get("dtype", "float32")
     return machine_dtype(model_cfg.get("device") or "cpu") if dtype == "auto" else dtype
+
+
+def display_name(name: str) -> str:
+    """A model's name as run names show it: a hub id or a preset's name as it is; a local folder by
+    its own name (`hf_causal` names its model by `model.path`, and a 60-character cache path buried
+    the pruner and ratio in the UI's run list); a hub cache's snapshot folder
+    (`.../models--org--name/snapshots/<sha>`) by the hub id it holds."""
+    path = Path(name).expanduser()
+    if not (path.is_absolute() or name.startswith(".")):
+        return name
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name or name

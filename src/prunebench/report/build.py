@@ -7,10 +7,13 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import mlflow
+import pandas as pd
 
 from prunebench.report import plots
+from prunebench.report.predictions import chance_levels
 from prunebench.report.suites import suite_tables
-from prunebench.report.table import DIFFERS, ID_COLUMNS, TRAILING, load_runs, results_table, to_markdown
+from prunebench.report.table import (CSV_FLOATS, SETTING, documents, failed_jobs, load_runs, results_table,
+                                     shown_columns, task_columns, to_markdown)
 
 
 LAYOUTS = ("flat", "paper")
@@ -19,31 +22,43 @@ LAYOUTS = ("flat", "paper")
 def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: list[str] | None = None,
                  layout: str = "flat") -> Path:
     """`suites`: the suites to average across single-task runs (None: each with runs of two of its tasks).
-    `layout="paper"` adds the paper's table, flips and comparisons (report/paper.py) to the flat report."""
+    `layout="paper"` adds the paper's table, flips and comparisons (report/paper.py) to the flat report.
+    One table per setting (report/settings.py), headed by it and by each task's documents."""
     runs = load_runs(experiment, sweep_run_id)
+    failed = failed_jobs(experiment, sweep_run_id, runs)
+    # a grid with holes says where and why, not only in the parent's counts
+    failures = [f"## Failed jobs ({len(failed)})\n\n{to_markdown(failed)}"] if not failed.empty else []
     if runs.empty:
-        raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
-                          + (f" in sweep {sweep_run_id}" if sweep_run_id else ""))
+        if not failures:
+            raise LookupError(f"experiment {experiment!r} has no FINISHED prunebench runs"
+                              + (f" in sweep {sweep_run_id}" if sweep_run_id else ""))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text("No FINISHED job.\n\n" + "\n\n".join(failures) + "\n")
+        return out
     table = results_table(runs)
     summaries = suite_tables(runs, suites)
     out.mkdir(parents=True, exist_ok=True)
-    sections = [to_markdown(table)]
+    sections = [setting_section(heading, rows) for heading, rows in table.groupby(SETTING, sort=True)]
     for suite, summary in summaries.items():
         sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
-        summary.to_csv(out / f"suite_{suite}.csv", index=False)
+        summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
+    sections += failures
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
-    table.to_csv(out / "results.csv", index=False)
-    task_columns = [c for c in table.columns if c not in [*ID_COLUMNS, DIFFERS, *TRAILING]]
-    figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns)}
+    table.to_csv(out / "results.csv", index=False, float_format=CSV_FLOATS)
+    dense = table[table.pruner == "none"]
+    levels = chance_levels((heading, column.split("/")[0], run_id) for column in task_columns(dense)
+                           for heading, run_id, value in zip(dense[SETTING], dense.run_id, dense[column])
+                           if pd.notna(value))
+    figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns(table), levels)}
     for suite, summary in summaries.items():
         complete = summary[~summary.partial]  # an average over fewer tasks is no point on the same curve
         if not complete.empty:
             figures[f"suite_{suite}_vs_sparsity.png"] = plots.metric_vs_sparsity(
                 complete, [c for c in ("avg/score", "stability/avg") if c in complete])
     if "stability/avg" in table:
-        figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table)
+        figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table, levels)
     if "latency/median_s" in table:
         figures["latency_vs_quality.png"] = plots.latency_vs_quality(table)
     for name, fig in figures.items():
@@ -54,6 +69,13 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
 
         write_paper(runs, out)
     return out
+
+
+def setting_section(heading: str, rows) -> str:
+    """`## <setting>`, how many documents each task rests on, and its rows."""
+    counts = {c.split("/")[0]: rows.get(f"{c.split('/')[0]}/n_docs", pd.Series(dtype=float)).tolist()
+              for c in task_columns(rows) if rows[c].notna().any()}
+    return "\n\n".join(filter(None, [f"## {heading}", documents(counts), to_markdown(rows[shown_columns(rows)])]))
 
 
 def no_stability(runs) -> str:

@@ -16,7 +16,12 @@ from prunebench.tracking.store import tracking_uri
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prunebench-report", description=__doc__)
     parser.add_argument("--experiment", default="prunebench", help="MLflow experiment name")
-    parser.add_argument("--sweep", default=None, help="only the jobs of this sweep: its parent run id, or 'latest'")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--sweep", default="latest",
+                       help="the jobs of this sweep: its parent run id, or 'latest' (default; the whole experiment "
+                            "when it has no sweep)")
+    scope.add_argument("--all", action="store_true",
+                       help="every FINISHED run of the experiment, every sweep's (tables still never mix settings)")
     parser.add_argument("--out", default="reports/latest", help="folder for results.md, results.csv and plots")
     parser.add_argument("--suite", action="append", default=None, metavar="NAME",
                         help="average this suite (e.g. glue) across its single-task runs; repeatable "
@@ -34,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
               file=sys.stderr)
         return 2
-    sweep = latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
+    sweep = None if args.all else latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
     try:
         out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout)
     except ValueError as err:
@@ -44,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: {err}", file=sys.stderr)
         return 1
     print((out / ("paper.md" if args.layout == "paper" else "results.md")).read_text(), end="")
-    print(f"\n(written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
+    covered = f"sweep {sweep}" if sweep else "the whole experiment"
+    hint = " (--all: the whole experiment)" if sweep else ""
+    print(f"\n(report of {covered}{hint}; written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
     if sweep:
         mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")
     return 0

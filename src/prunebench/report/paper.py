@@ -22,17 +22,24 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import mlflow
 import pandas as pd
 from hydra.utils import get_class
 from scipy.stats import binomtest
 
+from prunebench.report.plots import grid, panel
+from prunebench.report.predictions import Predictions, chance_levels
+from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
-from prunebench.report.table import dense_first, to_markdown
+from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
+                                     to_markdown)
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
-ROW_KEYS = ["model", "protocol", "pruner", "config", "ratio"]
+# a row never joins runs of two settings (report/settings.py), nor runs differing in anything else
+# but the seed (`differs`: a template, say)
+ROW_KEYS = [SETTING, "model", "protocol", "pruner", "config", DIFFERS, "ratio"]
+# what the pruner's config (the row's label) and the seeds already account for
+CONFIG_PREFIXES = (*SEED_KEYS, "pruner.", "calib.")
 
 
 def pruner_config(run: pd.Series) -> dict[str, str]:
@@ -53,28 +60,35 @@ def task_results(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run and task: the row's key, the seed, the task's primary metric, its value,
     standard error and stability."""
     rows = []
-    for _, run in runs.iterrows():
+    # models that each evaluated one task share rows: their setting leaves out the model and its data
+    pooled_settings = settings(runs, tuple(k for k in SETTING_KEYS if k not in ("model", "task", "data")))
+    keyed = zip(runs.iterrows(), settings(runs), pooled_settings, differences(runs, ignore=CONFIG_PREFIXES))
+    for (_, run), heading, pooled, differs in keyed:
         dense = run["tags.prunebench.pruner"] == "none"
         config = {} if dense else pruner_config(run)
         protocol = run.get("tags.prunebench.protocol")
         seed = {k: run.get(f"params.{k}") for k in SEED_KEYS if isinstance(run.get(f"params.{k}"), str)}
         for task, metric in json.loads(run.get("tags.prunebench.avg_metrics") or "{}").items():
             column = f"{task}/{metric}"
-            rows.append({"model": run["tags.prunebench.model"],
+            rows.append({SETTING: heading, "pooled": pooled, "model": run["tags.prunebench.model"],
                          "protocol": protocol if isinstance(protocol, str) and protocol else "lm_eval",
-                         "pruner": run["tags.prunebench.pruner"], "config": json.dumps(config),
+                         "pruner": run["tags.prunebench.pruner"], "config": json.dumps(config), DIFFERS: differs,
                          "ratio": float(run["tags.prunebench.sparsity"]), "seed": json.dumps(seed),
                          "task": task, "metric": metric, "value": run.get(f"metrics.{column}"),
                          "stderr": run.get(f"metrics.{column}_stderr"),
-                         "stability": run.get(f"metrics.stability/{task}"), "run_id": run["run_id"]})
-    results = pd.DataFrame(rows, columns=[*ROW_KEYS, "seed", "task", "metric", "value", "stderr", "stability",
-                                          "run_id"])
+                         "stability": run.get(f"metrics.stability/{task}"),
+                         "n_docs": run.get(f"metrics.{task}/n_docs"), "run_id": run["run_id"]})
+    results = pd.DataFrame(rows, columns=[*ROW_KEYS, "pooled", "seed", "task", "metric", "value", "stderr",
+                                          "stability", "n_docs", "run_id"])
     # a model that evaluated one task (one checkpoint per task) shares its rows with the others that did
     tasks_per_model = results.groupby("model").task.nunique()
     single = set(tasks_per_model[tasks_per_model == 1].index)
-    if len(single) > 1:
-        results["model"] = results.model.map(lambda m: POOLED if m in single else m)
-    return results
+    # (models that each ran the same one task are rivals, not parts of one row)
+    if results[results.model.isin(single)].task.nunique() > 1:
+        pool = results.model.isin(single)
+        results.loc[pool, SETTING] = [" · ".join([POOLED, p]) for p in results.pooled[pool]]
+        results.loc[pool, "model"] = POOLED
+    return results.drop(columns="pooled")
 
 
 def labels(results: pd.DataFrame) -> dict[tuple[str, str], str]:
@@ -91,13 +105,18 @@ def labels(results: pd.DataFrame) -> dict[tuple[str, str], str]:
 
 
 def paper_table(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per model x pruner config x ratio: per task mean, std over seeds, seeds and stability;
-    `avg` and `avg stability` over the tasks present."""
+    """One row per setting x model x pruner config x ratio: per task mean, std over seeds, seeds and
+    stability; `avg` and `avg stability` over the tasks present (`tasks`: of the setting's)."""
+    tables = [setting_table(group) for _, group in results.groupby(SETTING, sort=True)]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=[*ROW_KEYS, "label"])
+
+
+def setting_table(results: pd.DataFrame) -> pd.DataFrame:
     tasks = list(dict.fromkeys(results.task))
     named = labels(results)
     table = []
     for key, group in results.groupby(ROW_KEYS, sort=False):
-        row = dict(zip(ROW_KEYS, key), label=named[key[2], key[3]])
+        row = dict(zip(ROW_KEYS, key), label=named[key[3], key[4]])
         for task in tasks:
             cell = group[group.task == task]
             if cell.empty:
@@ -113,7 +132,7 @@ def paper_table(results: pd.DataFrame) -> pd.DataFrame:
                     "tasks": f"{len(means)}/{len(tasks)}"})
         table.append(row)
     table = pd.DataFrame(table)
-    table = table.sort_values(["model", "protocol", "pruner", "label", "ratio"], key=dense_first)
+    table = table.sort_values(["model", "protocol", "pruner", "label", DIFFERS, "ratio"], key=dense_first)
     return table.reset_index(drop=True)
 
 
@@ -132,9 +151,9 @@ def printed(table: pd.DataFrame) -> pd.DataFrame:
     """The table as a paper prints it: `mean ± std` (std over seeds, when there are several) and
     stability beside each task."""
     out = pd.DataFrame({"model": table.model, "pruner": table.label, "ratio": table.ratio})
-    if table.protocol.nunique() > 1:
-        out.insert(1, "protocol", table.protocol)
-    for column in task_columns(table):
+    if (table[DIFFERS] != "").any():
+        out.insert(2, DIFFERS, table[DIFFERS])
+    for column in [c for c in task_columns(table) if table[c].notna().any()]:
         task = column.split("/")[0]
         factor = scale(table[column])
         out[column] = [cell(m * factor, s * factor) for m, s in zip(table[column], table[f"{column}_std"])]
@@ -165,33 +184,6 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
     return "\n".join([*lines, "\\bottomrule", "\\end{tabular}", ""])
 
 
-def read_predictions(run_id: str, task: str) -> list[dict]:
-    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{task}.jsonl")
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-class Predictions:
-    """Per-document correctness of a run's task, read once from its `predictions/<task>.jsonl`."""
-
-    def __init__(self):
-        self.cache: dict[tuple[str, str, str], tuple[str, dict] | None] = {}
-
-    def correct(self, run_id: str, task: str, metric: str) -> tuple[str, dict] | None:
-        """(the metric counted, {doc_id: 0/1}): the record's own value of the metric (acc, acc_norm,
-        exact_match), else pred == gold, accuracy, for a classifier whose column is a corpus metric
-        (MCC, F1: no document has one); None for a regression or a task without documents (perplexity)."""
-        key = (run_id, task, metric)
-        if key not in self.cache:
-            records = read_predictions(run_id, task)
-            if records and metric in records[0]:
-                self.cache[key] = metric, {r["doc_id"]: float(r[metric]) for r in records}
-            elif records and isinstance(records[0].get("gold"), int) and "pred" in records[0]:
-                self.cache[key] = "acc", {r["doc_id"]: float(r["pred"] == r["gold"]) for r in records}
-            else:
-                self.cache[key] = None
-        return self.cache[key]
-
-
 def mcnemar(a: list[float], b: list[float]) -> tuple[int, int, float]:
     """(a right and b wrong, a wrong and b right, exact two-sided McNemar p): the binomial test of
     the discordant pairs, exact at any count (the chi-square form is not, below a few dozen)."""
@@ -212,7 +204,7 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
     dense = results[results.pruner == "none"]
     rows = []
     for _, r in results[results.pruner != "none"].iterrows():
-        base = dense[(dense.model == r.model) & (dense.protocol == r.protocol) & (dense.task == r.task)]
+        base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
         if base.empty:
             continue
         pruned = predictions.correct(r.run_id, r.task, r.metric)
@@ -221,12 +213,13 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
             continue
         ref, new = paired(reference[1], pruned[1])
         lost, gained, p = mcnemar(ref, new)
-        rows.append({"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio, "seed": r.seed,
+        rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
+                     "seed": r.seed,
                      "task": r.task, "metric": pruned[0], "docs": len(ref), "dense": sum(ref) / len(ref),
                      "pruned": sum(new) / len(new), "right->wrong": lost, "wrong->right": gained, "p": p})
-    table = pd.DataFrame(rows, columns=["model", "pruner", "ratio", "seed", "task", "metric", "docs", "dense",
-                                        "pruned", "right->wrong", "wrong->right", "p"])
-    return table.sort_values(["model", "pruner", "ratio", "task", "seed"]).reset_index(drop=True)
+    table = pd.DataFrame(rows, columns=[SETTING, "model", "pruner", "ratio", "seed", "task", "metric", "docs",
+                                        "dense", "pruned", "right->wrong", "wrong->right", "p"])
+    return table.sort_values([SETTING, "model", "pruner", "ratio", "task", "seed"]).reset_index(drop=True)
 
 
 def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
@@ -235,12 +228,14 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
     named = labels(results)
     rows = []
     pruned = results[results.pruner != "none"]
-    for (model, protocol, ratio, task), group in pruned.groupby(["model", "protocol", "ratio", "task"]):
-        configs = sorted(dict.fromkeys(zip(group.pruner, group.config)), key=lambda c: named[c])
+    for (setting, model, ratio, task), group in pruned.groupby([SETTING, "model", "ratio", "task"]):
+        configs = sorted(dict.fromkeys(zip(group.pruner, group.config, group[DIFFERS])),
+                         key=lambda c: (named[c[:2]], c[2]))
         for first, second in itertools.combinations(configs, 2):
             docs = {}
-            for side, (pruner, config) in (("a", first), ("b", second)):
-                runs = group[(group.pruner == pruner) & (group.config == config)].sort_values("seed")
+            for side, (pruner, config, differs) in (("a", first), ("b", second)):
+                runs = group[(group.pruner == pruner) & (group.config == config) & (group[DIFFERS] == differs)]
+                runs = runs.sort_values("seed")
                 docs[side] = [predictions.correct(run_id, task, metric)
                               for run_id, metric in zip(runs.run_id, runs.metric)]
             if any(d is None for d in docs["a"] + docs["b"]):
@@ -251,67 +246,64 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
                 a += xs
                 b += ys
             only_a, only_b, p = mcnemar(a, b)
-            rows.append({"model": model, "ratio": ratio, "task": task, "metric": docs["a"][0][0],
-                         "a": named[first], "b": named[second], "pairs": len(a), "a correct": sum(a) / len(a),
+            rows.append({SETTING: setting, "model": model, "ratio": ratio, "task": task, "metric": docs["a"][0][0],
+                         "a": " ".join(filter(None, [named[first[:2]], first[2]])),
+                         "b": " ".join(filter(None, [named[second[:2]], second[2]])), "pairs": len(a),
+                         "a correct": sum(a) / len(a),
                          "b correct": sum(b) / len(b), "only a right": only_a, "only b right": only_b, "p": p})
-    table = pd.DataFrame(rows, columns=["model", "ratio", "task", "metric", "a", "b", "pairs", "a correct",
+    table = pd.DataFrame(rows, columns=[SETTING, "model", "ratio", "task", "metric", "a", "b", "pairs", "a correct",
                                         "b correct", "only a right", "only b right", "p"])
-    return table.sort_values(["model", "ratio", "task", "a", "b"]).reset_index(drop=True)
+    return table.sort_values([SETTING, "model", "ratio", "task", "a", "b"]).reset_index(drop=True)
 
 
-def chance(results: pd.DataFrame, predictions: Predictions) -> dict[str, float]:
-    """Each task's chance level: the mean of 1 / choices over its documents (multiple choice)."""
-    out = {}
-    for task, group in results[results.pruner == "none"].groupby("task"):
-        records = read_predictions(group.run_id.iloc[0], task)
-        if records and "loglikelihoods" in records[0]:
-            out[task] = sum(1 / len(r["loglikelihoods"]) for r in records) / len(records)
-    return out
-
-
-def figure(table: pd.DataFrame, levels: dict[str, float]):
-    """Each task's metric against the ratio, one line per row config, with standard-error bars (the
-    run's own standard error, or the seeds' std / sqrt(seeds)), the dense level and chance."""
-    columns = task_columns(table)
-    fig, axes = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 3.6), squeeze=False)
-    dense = table[table.pruner == "none"]
-    for ax, column in zip(axes[0], columns):
-        task = column.split("/")[0]
-        for label, rows in table[table.pruner != "none"].groupby("label", sort=False):
-            rows = rows.dropna(subset=[column]).sort_values("ratio")
-            ax.errorbar(rows.ratio, rows[column], yerr=rows[f"{task}/stderr"], marker="o", capsize=3, label=label)
-        for value in dense[column].dropna():
-            ax.axhline(value, color="black", lw=1, ls="--", label="dense")
-        if task in levels:
-            ax.axhline(levels[task], color="grey", lw=1, ls=":", label="chance")
-        ax.set(title=column, xlabel="ratio", ylabel=column.split("/")[-1])
-        ax.grid(alpha=0.3)
-    handles, names = axes[0][0].get_legend_handles_labels()
-    unique = dict(zip(names, handles))
-    axes[0][0].legend(unique.values(), unique.keys(), fontsize=8)
+def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
+    """One row of panels per setting, each task's metric against the ratio, one line per row config,
+    with standard-error bars (the run's own standard error, or the seeds' std / sqrt(seeds)), the
+    dense level and chance (`levels`: {(setting, task): level})."""
+    sections = [(heading, rows, [c for c in task_columns(rows) if rows[c].notna().any()])
+                for heading, rows in table.groupby(SETTING, sort=True)]
+    fig, axes = grid([(heading, columns) for heading, _, columns in sections])
+    for (heading, rows, columns), row in zip(sections, axes):
+        for ax, column in zip(row, columns):
+            task = column.split("/")[0]
+            lines = [(" ".join(filter(None, key)), points.ratio.tolist(), points[column].tolist(),
+                      points[f"{task}/stderr"].fillna(0).tolist())
+                     for key, points in ((key, group.dropna(subset=[column]).sort_values("ratio"))
+                                         for key, group in rows[rows.pruner != "none"].groupby(["label", DIFFERS]))]
+            dense = rows[rows.pruner == "none"][column].dropna().tolist()
+            panel(ax, lines, dense, levels.get((heading, task)), "ratio", column.split("/")[-1])
     fig.tight_layout()
     return fig
 
 
 def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
-    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, paper.png; returns the Markdown sections."""
+    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, paper.png; returns the Markdown
+    sections: one table per setting, headed by it and by how many documents each task rests on."""
     results = task_results(runs)
     table = paper_table(results)
-    shown = printed(table)
     predictions = Predictions()
     flipped, compared = flips(results, predictions), comparisons(results, predictions)
-    table.to_csv(out / "paper.csv", index=False)
-    (out / "paper.tex").write_text(to_latex(shown))
-    flipped.to_csv(out / "flips.csv", index=False)
-    compared.to_csv(out / "comparisons.csv", index=False)
-    sections = [f"## Paper layout\n\n{to_markdown(shown)}"]
+    table.to_csv(out / "paper.csv", index=False, float_format=CSV_FLOATS)
+    flipped.to_csv(out / "flips.csv", index=False, float_format=CSV_FLOATS)
+    compared.to_csv(out / "comparisons.csv", index=False, float_format=CSV_FLOATS)
+    sections, tex = ["## Paper layout"], []
+    for heading, rows in table.groupby(SETTING, sort=True):
+        shown = printed(rows.reset_index(drop=True))
+        counts = results[results[SETTING] == heading].groupby("task", sort=False).n_docs.apply(list).to_dict()
+        sections.append("\n\n".join(filter(None, [f"### {heading}", documents(counts), to_markdown(shown)])))
+        tex.append(to_latex(shown, heading))
+    (out / "paper.tex").write_text("\n".join(tex))
+    several = table[SETTING].nunique() > 1  # which setting a test belongs to, when the tables are several
     if not flipped.empty:
-        shown_flips = flipped.drop(columns="seed") if flipped.seed.nunique() == 1 else flipped
+        dropped = ([] if several else [SETTING]) + (["seed"] if flipped.seed.nunique() == 1 else [])
+        shown_flips = flipped.drop(columns=dropped)
         sections.append(f"## Flips against the dense run (exact McNemar p)\n\n{to_markdown(shown_flips)}")
     if not compared.empty:
-        sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(compared))
+        shown_compared = compared if several else compared.drop(columns=SETTING)
+        sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(shown_compared))
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")
-    fig = figure(table, chance(results, predictions))
+    dense = results[results.pruner == "none"]
+    fig = figure(table, chance_levels(zip(dense[SETTING], dense.task, dense.run_id)))
     fig.savefig(out / "paper.png", dpi=110)
     plt.close(fig)
     return sections

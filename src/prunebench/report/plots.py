@@ -2,42 +2,109 @@
 
 from __future__ import annotations
 
+import math
+import textwrap
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-
-def _series(table: pd.DataFrame, column: str):
-    """One line per (model, pruner), each starting from its model's dense point at sparsity 0."""
-    dense = table[table.pruner == "none"]
-    for (model, pruner), rows in table[table.pruner != "none"].groupby(["model", "pruner"], sort=True):
-        points = pd.concat([dense[dense.model == model], rows]).dropna(subset=[column]).sort_values("sparsity")
-        label = pruner if table.model.nunique() == 1 else f"{model} {pruner}"
-        yield label, points.sparsity.tolist(), points[column].tolist()
+from prunebench.report.table import DIFFERS, SETTING, task_columns as task_columns_of  # noqa: E402
 
 
-def metric_vs_sparsity(table: pd.DataFrame, task_columns: list[str]):
-    fig, axes = plt.subplots(1, len(task_columns), figsize=(4.5 * len(task_columns), 3.6), squeeze=False)
-    for ax, column in zip(axes[0], task_columns):
-        for label, xs, ys in _series(table, column):
-            ax.plot(xs, ys, marker="o", label=label)
-        ax.set(title=column, xlabel="sparsity", ylabel=column.split("/")[-1])
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
+def _settings(table: pd.DataFrame):
+    """(heading, rows) per setting: runs of other settings share no panel (report/settings.py); a
+    table without settings (a suite's averages) per model at least."""
+    key = SETTING if SETTING in table else "model" if "model" in table else None
+    if key is None:
+        yield "", table
+        return
+    for heading, rows in table.groupby(key, sort=True):
+        yield heading, rows
+
+
+def _series(rows: pd.DataFrame, column: str):
+    """One line per pruner (and `differs`: runs of other parameters are other lines), each starting
+    from the setting's dense point (the dense run of the same `differs` when there are several)."""
+    dense = rows[rows.pruner == "none"]
+    keys = ["pruner", *([DIFFERS] if DIFFERS in rows else [])]
+    for key, group in rows[rows.pruner != "none"].groupby(keys, sort=True):
+        base = dense if len(dense) == 1 else dense[dense[DIFFERS] == key[1]] if DIFFERS in rows else dense[:0]
+        points = pd.concat([base[:1], group]).dropna(subset=[column]).sort_values("sparsity")
+        yield " ".join(k for k in key if k), points
+
+
+def grid(rows: list[tuple[str, list[str]]]):
+    """A figure of one row of panels per setting (its heading above each panel), one panel per title."""
+    columns = max(len(titles) for _, titles in rows)
+    fig, axes = plt.subplots(len(rows), columns, figsize=(4.5 * columns, 3.9 * len(rows)), squeeze=False)
+    for (heading, titles), row in zip(rows, axes):
+        for ax in row[len(titles):]:
+            fig.delaxes(ax)
+        for ax, title in zip(row, titles):
+            ax.set_title("\n".join([*textwrap.wrap(heading, 60), title]), fontsize=8)
+    return fig, [row[:len(titles)] for (_, titles), row in zip(rows, axes)]
+
+
+def panel(ax, lines, dense: list[float], chance: float | None, xlabel: str, ylabel: str) -> None:
+    """`lines`: (label, x, y, yerr) each with standard-error (or interval) bars; the dense levels
+    dashed and chance dotted, so a difference smaller than the bars or a value at chance shows."""
+    for label, xs, ys, yerr in lines:
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label)
+    for value in dense:
+        ax.axhline(value, color="black", lw=1, ls="--", label="dense")
+    if chance is not None and not math.isnan(chance):
+        ax.axhline(chance, color="grey", lw=1, ls=":", label="chance")
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7)
+
+
+def _errors(points: pd.DataFrame, column: str):
+    stderr = f"{column}_stderr"
+    return points[stderr].fillna(0).tolist() if stderr in points else None
+
+
+def metric_vs_sparsity(table: pd.DataFrame, task_columns: list[str],
+                       chance: dict[tuple[str, str], float] | None = None):
+    """One row of panels per setting, one panel per task it evaluated; `chance`: {(setting, task): level}."""
+    sections = [(heading, rows, [c for c in task_columns if c in rows and rows[c].notna().any()])
+                for heading, rows in _settings(table)]
+    sections = [section for section in sections if section[2]]
+    fig, axes = grid([(heading, columns) for heading, _, columns in sections])
+    for (heading, rows, columns), row in zip(sections, axes):
+        for ax, column in zip(row, columns):
+            lines = [(label, points.sparsity.tolist(), points[column].tolist(), _errors(points, column))
+                     for label, points in _series(rows, column)]
+            dense = rows[rows.pruner == "none"][column].dropna().tolist()
+            panel(ax, lines, dense, (chance or {}).get((heading, column.split("/")[0])), "sparsity",
+                  column.split("/")[-1])
     fig.tight_layout()
     return fig
 
 
-def stability_vs_sparsity(table: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for label, xs, ys in _series(table, "stability/avg"):
-        ax.plot(xs, ys, marker="o", label=label)
-    ax.axhline(100, color="grey", lw=0.8, ls="--")
-    ax.set(title="stability (pruned / dense x 100)", xlabel="sparsity", ylabel="stability/avg")
-    ax.grid(alpha=0.3)
-    ax.legend()
+def stability_vs_sparsity(table: pd.DataFrame, chance: dict[tuple[str, str], float] | None = None):
+    """One panel per setting; bars: the paired bootstrap interval of `stability/avg` where logged.
+    Chance in stability units: each task's chance level over its dense value x 100, averaged."""
+    sections = [(heading, rows) for heading, rows in _settings(table) if rows["stability/avg"].notna().any()]
+    fig, axes = grid([(heading, ["stability (pruned / dense x 100)"]) for heading, _ in sections])
+    for (heading, rows), (ax,) in zip(sections, axes):
+        lines = []
+        for label, points in _series(rows, "stability/avg"):
+            bounds = [points.get(f"stability/avg_ci_{side}", pd.Series(float("nan"), points.index)) for side in
+                      ("low", "high")]
+            yerr = [(points["stability/avg"] - bounds[0]).fillna(0).tolist(),
+                    (bounds[1] - points["stability/avg"]).fillna(0).tolist()]
+            lines.append((label, points.sparsity.tolist(), points["stability/avg"].tolist(), yerr))
+        dense = rows[rows.pruner == "none"]
+        levels = [100 * (chance or {})[heading, column.split("/")[0]] / dense[column].iloc[0]
+                  for column in task_columns_of(rows) if (heading, column.split("/")[0]) in (chance or {})
+                  and len(dense) and dense[column].iloc[0] > 0]
+        panel(ax, lines, [100.0], sum(levels) / len(levels) if levels else None, "sparsity", "stability/avg")
     fig.tight_layout()
     return fig
 

@@ -8,14 +8,24 @@ import json
 import mlflow
 import pandas as pd
 
+from prunebench.api.metrics import readable
+from prunebench.report.settings import settings
 from prunebench.tracking.run_key import MODEL_RUNTIME_KEYS, RUNTIME_KEYS
+from prunebench.tracking.store import KEY_TAG
 from prunebench.tracking.sweep import cell_run_ids
 
 ID_COLUMNS = ["model", "pruner", "sparsity", "task"]
+# what a table may hold together (report/settings.py): one table, one row of panels per value
+SETTING = "setting"
 # the setting that tells apart rows sharing the identity columns (`differences`)
 DIFFERS = "differs"
-# the short digest of the data a run read (job.py)
-INPUTS_TAG = "tags.prunebench.inputs"
+# the data a run read: its calibration files in words (job.py), else (a run logged before) their digest
+DATA_TAGS = ("tags.prunebench.calib_data", "tags.prunebench.inputs")
+# floats in CSVs: 12 significant digits hold every measurement and drop float64's rounding residue
+# (a standard error of 0.20000000000000004 is written 0.2)
+CSV_FLOATS = "%.12g"
+# columns of the CSV that the Markdown leaves to the heading or the plots
+DETAIL_SUFFIXES = ("_stderr", "/n_docs", "_ci_low", "_ci_high")
 # run ids per search of the earlier runs a sweep reused
 BATCH = 100
 TRAILING = ["avg/score", "stability/avg", "sparsity/actual", "latency/median_s", "latency/speedup"]
@@ -42,12 +52,36 @@ def load_runs(experiment: str, sweep_run_id: str | None = None) -> pd.DataFrame:
     return runs.drop_duplicates("tags.prunebench.run_key").reset_index(drop=True)
 
 
+def failed_jobs(experiment: str, sweep_run_id: str | None, finished: pd.DataFrame) -> pd.DataFrame:
+    """The jobs that ended FAILED or KILLED, each with the first line of its error (tag
+    prunebench.error): a sweep's, or for the whole experiment those whose run key has no FINISHED run
+    in `finished` (a later rerun mended them; a job refused by validation has no key and stays)."""
+    filters = ["attributes.status != 'FINISHED'", "attributes.status != 'RUNNING'"]  # no IN for status
+    if sweep_run_id:
+        filters.append(f"tags.`mlflow.parentRunId` = '{sweep_run_id}'")
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(filters),
+                              order_by=["attributes.start_time ASC"])
+    columns = ["job", "status", "overrides", "error", "run_id"]
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    def tag(name: str) -> pd.Series:
+        return runs.get(f"tags.{name}", pd.Series([None] * len(runs))).fillna("")
+    keep = tag("prunebench.sweep") != "true"
+    if not sweep_run_id and not finished.empty:
+        keep &= ~tag(KEY_TAG).isin(set(finished[f"tags.{KEY_TAG}"]))
+    errors = tag("prunebench.error").map(lambda e: e.strip().splitlines()[0] if e.strip() else "(no error recorded)")
+    table = pd.DataFrame({"job": tag("mlflow.runName"), "status": runs.status, "overrides": tag("hydra.overrides"),
+                          "error": errors, "run_id": runs.run_id})
+    return table[keep.values].reset_index(drop=True)
+
+
 def results_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Columns: the identity, each task's primary metric (as the run's avg tag names it), then the
-    average, stability, achieved sparsity and latency when logged."""
-    rows, task_cols = [], []
-    for _, run in runs.iterrows():
-        row = {"model": run["tags.prunebench.model"], "pruner": run["tags.prunebench.pruner"],
+    """Columns: the setting, the identity, each task's primary metric (as the run's avg tag names it),
+    then the average, stability, achieved sparsity and latency when logged; and for the CSV and the
+    plots each metric's standard error, each task's documents and the stability's interval."""
+    rows, task_cols, details = [], [], []
+    for (_, run), heading in zip(runs.iterrows(), settings(runs)):
+        row = {SETTING: heading, "model": run["tags.prunebench.model"], "pruner": run["tags.prunebench.pruner"],
                "sparsity": float(run["tags.prunebench.sparsity"]), "task": run["tags.prunebench.task"]}
         primary = json.loads(run.get("tags.prunebench.avg_metrics") or "{}")
         for task, metric in primary.items():
@@ -55,34 +89,69 @@ def results_table(runs: pd.DataFrame) -> pd.DataFrame:
             row[col] = run.get(f"metrics.{col}")
             if col not in task_cols:
                 task_cols.append(col)
-        for col in TRAILING:
+            for detail in (f"{col}_stderr", f"{task}/n_docs"):
+                row[detail] = run.get(f"metrics.{detail}")
+                details += [detail] if detail not in details else []
+        for col in [*TRAILING, "stability/avg_ci_low", "stability/avg_ci_high"]:
             row[col] = run.get(f"metrics.{col}")
-        rows.append(row)
-    table = pd.DataFrame(rows, columns=ID_COLUMNS + task_cols + TRAILING)
+        rows.append({**row, "run_id": run["run_id"]})
+    table = pd.DataFrame(rows, columns=[SETTING, *ID_COLUMNS, *task_cols, *TRAILING, *details,
+                                        "stability/avg_ci_low", "stability/avg_ci_high", "run_id"])
+    for col in table.columns[len(ID_COLUMNS) + 1:-1]:
+        table[col] = table[col].map(readable)
     differs = differences(runs)
-    if differs.any():  # rows of one model, pruner, sparsity and task that ran other settings or data
-        table.insert(len(ID_COLUMNS), DIFFERS, differs.tolist())
+    if differs.any():  # rows of one setting, model, pruner, sparsity and task that ran other settings or data
+        table.insert(len(ID_COLUMNS) + 1, DIFFERS, differs.tolist())
     table = table.dropna(axis=1, how="all")
-    return table.sort_values(["model", "task", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
+    return table.sort_values([SETTING, "model", "task", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
 
 
-def differences(runs: pd.DataFrame, shown: int = 40) -> pd.Series:
-    """Per run, `key=value` of each setting (a logged param, or the digest of the data read) that
-    differs between runs sharing a model, pruner, sparsity and task (limit, a data file, a template);
-    empty strings when no two runs share them."""
+def task_columns(table: pd.DataFrame) -> list[str]:
+    """The tasks' primary-metric columns of a `results_table`."""
+    return [c for c in table.columns if "/" in c and c not in TRAILING and not c.startswith("stability/")
+            and not c.endswith(DETAIL_SUFFIXES)]
+
+
+def shown_columns(table: pd.DataFrame) -> list[str]:
+    """What the Markdown prints: the setting is the heading, the details are in the CSV."""
+    return [c for c in table.columns if c not in (SETTING, "run_id") and not c.endswith(DETAIL_SUFFIXES)
+            and not (c == DIFFERS and (table[c] == "").all()) and table[c].notna().any()]
+
+
+def differences(runs: pd.DataFrame, shown: int = 40, ignore: tuple[str, ...] = ()) -> pd.Series:
+    """Per run, `key=value` of each setting (a logged param, or the calibration data read) that
+    differs between runs sharing a setting (report/settings.py), model, pruner, sparsity and task (a
+    template, a pruner's parameter), in the words of the override that sets it; empty strings when
+    no two runs share them. `ignore`: prefixes of params a caller accounts for otherwise (the seeds it
+    averages, the pruner's config it labels rows with)."""
     runtime = tuple(f"params.{key}" for key in RUNTIME_KEYS) + tuple(f"params.model.{key}" for key in MODEL_RUNTIME_KEYS)
-    settings = [c for c in runs.columns if (c.startswith("params.") and not c.startswith(runtime)) or c == INPUTS_TAG]
+    data = next((tag for tag in DATA_TAGS if tag in runs.columns), None)
+    columns = [c for c in runs.columns if (c.startswith("params.") and not c.startswith(runtime)
+                                             and not c.removeprefix("params.").startswith(ignore)) or c == data]
     ids = [f"tags.prunebench.{c}" for c in ID_COLUMNS]
-    varying = []
-    for _, group in runs.groupby(ids, dropna=False):
-        varying += [c for c in settings if c not in varying and group[c].astype(str).nunique() > 1]
+    keyed = runs.assign(**{SETTING: settings(runs)})
     def label(column: str) -> str:
-        return "data" if column == INPUTS_TAG else column.removeprefix("params.")
-    def value(v) -> str:
-        text = str(v)
-        return text if len(text) <= shown else text[:shown - 3] + "..."
-    return runs.apply(lambda run: ", ".join(f"{label(c)}={value(run[c])}" for c in varying), axis=1) \
-        if varying else pd.Series([""] * len(runs), dtype=str)
+        return "calib_data" if column == DATA_TAGS[0] else "inputs" if column == data else column.removeprefix("params.")
+    def value(v) -> str:  # a path's end names the file: cut from the front; a newline kept visible
+        text = str(v).replace("\n", "\\n")
+        return text if len(text) <= shown else "..." + text[-(shown - 3):]
+    out = pd.Series([""] * len(runs), index=runs.index, dtype=str)
+    for _, group in keyed.groupby([SETTING, *ids], dropna=False):
+        varying = [c for c in columns if group[c].astype(str).nunique() > 1]
+        for index, run in group.iterrows():
+            out[index] = ", ".join(f"{label(c)}={value(run[c])}" for c in varying)
+    return out.reset_index(drop=True)
+
+
+def documents(counts: dict[str, list[float]]) -> str:
+    """`documents: arc_easy 100, piqa 76`: how many documents each task's numbers rest on (a range
+    where runs differ); '' when no run logged it (runs older than `<task>/n_docs`)."""
+    shown = []
+    for task, values in counts.items():
+        known = sorted({int(v) for v in values if pd.notna(v)})
+        if known:
+            shown.append(f"{task} {known[0]}" + (f"-{known[-1]}" if len(known) > 1 else ""))
+    return "documents: " + ", ".join(shown) if shown else ""
 
 
 def dense_first(col: pd.Series) -> pd.Series:
@@ -94,7 +163,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     def fmt(v):
         if isinstance(v, float):
             return "" if pd.isna(v) else f"{v:.4g}"
-        return str(v)
+        return str(v).replace("|", "\\|")  # a template's `|` would end the cell
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
     body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in table.itertuples(index=False)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
@@ -27,7 +27,23 @@ def is_dense(cfg: DictConfig) -> bool:
 
 def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> dict:
     """`inputs`: the digests of the local data the job reads ({context: {path: digest}}, inputs.py),
-    so a changed file is a new run; calibration data counts only where calibration does."""
+    so a changed file is a new run; calibration data counts only where calibration does. The root
+    `seed` reaches the numbers only through the fields that interpolate it (a random pruner's, a
+    calibration's, the latency prompt's): where none is left (a dense run, a magnitude pruner), it is
+    no part of the identity, so `seed=0,1` evaluates the dense model once."""
+    data = fields(cfg, inputs)
+    if "seed" in data:
+        other = copy.deepcopy(cfg)
+        with open_dict(other):
+            other.seed = f"{cfg.seed}-probe"  # any other value: what resolves from it changes with it
+        probe = fields(other, inputs)
+        if {k: v for k, v in probe.items() if k != "seed"} == {k: v for k, v in data.items() if k != "seed"}:
+            data.pop("seed")
+    return data
+
+
+def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
+    """The resolved config without what never changes a job's numbers."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RUNTIME_KEYS:
         data.pop(key, None)

@@ -10,6 +10,11 @@ the job says which tasks entered the average and why the others did not. Nothing
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
+
+from prunebench.api.metrics import BOOTSTRAP_ITERS
 
 # metrics here live in [0, 1] or [-1, 1]; a dense value under 0.05 is within noise of chance for
 # the signed ones (MCC's standard error on CoLA's 1043 dev sentences is ~0.03) and near zero for the rest
@@ -46,3 +51,39 @@ def stability(pruned: dict[str, float], dense: dict[str, float], lower_is_better
     if out:
         out["stability/avg"] = sum(out.values()) / len(out)
     return out, excluded
+
+
+def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: list[str], draws: int = BOOTSTRAP_ITERS,
+                     level: float = 0.95, seed: int = 1234) -> dict[str, float]:
+    """`stability/<task>_ci_low` / `_ci_high` (and `stability/avg_ci_*` when every task of the
+    average has one): the percentile interval of pruned / dense x 100 over resamples of the
+    documents, each document drawn with its pruned and its dense value together (paired: the two
+    models answered the same questions, so their errors are not independent and the interval is
+    far narrower than two separate standard errors would suggest). `pruned` / `dense`: {task:
+    {doc_id: per-document value of the task's metric}}; a task whose metric has no per-document
+    values (MCC, perplexity) is not among them and gets no interval. Tasks are resampled
+    independently; the average's interval averages each draw's ratios. A draw whose dense mean is 0
+    has no ratio and is left out of the percentiles. A fixed seed: a rerun logs the same bounds."""
+    rng = np.random.default_rng(seed)
+    tail = 100 * (1 - level) / 2
+    out, draws_per_task = {}, []
+    for task in tasks:
+        docs = sorted(set(pruned.get(task, {})) & set(dense.get(task, {})), key=str)
+        if not docs:
+            continue
+        p = np.array([pruned[task][d] for d in docs], dtype=float)
+        d = np.array([dense[task][d] for d in docs], dtype=float)
+        index = rng.integers(0, len(docs), (draws, len(docs)))
+        base = d[index].mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.where(base > 0, 100 * p[index].mean(axis=1) / base, np.nan)
+        draws_per_task.append(ratios)
+        out[f"stability/{task}_ci_low"], out[f"stability/{task}_ci_high"] = map(
+            float, np.nanpercentile(ratios, [tail, 100 - tail]))
+    if tasks and len(draws_per_task) == len(tasks):
+        with warnings.catch_warnings():  # a draw where every task's dense mean is 0 has no average: left out
+            warnings.simplefilter("ignore", RuntimeWarning)
+            average = np.nanmean(np.stack(draws_per_task), axis=0)
+        out["stability/avg_ci_low"], out["stability/avg_ci_high"] = map(
+            float, np.nanpercentile(average, [tail, 100 - tail]))
+    return out

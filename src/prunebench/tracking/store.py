@@ -77,6 +77,15 @@ def finished_run(uri: str, exp_id: str, key: str):
     return runs[0] if runs else None
 
 
+def failed_run(uri: str, exp_id: str, key: str, parent_run_id: str):
+    """The newest FAILED run of `key` under a sweep's parent, or None."""
+    runs = MlflowClient(uri).search_runs(
+        [exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FAILED' "
+                                f"and tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
 @contextmanager
 def job_run(claim, run_name: str):
     """Yields the claimed run (`claim.Claim`), active; an exception ends it FAILED (KILLED on

@@ -92,9 +92,11 @@ class SweepRunCallback(Callback):
             client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
         try:
             # a resumed sweep whose every job was done before still reports its grid
-            if self.report and (counts["FINISHED"] or cell_run_ids(client.get_run(run_id))):
+            if self.report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
                 out = get_method(self.report)(self.experiment, run_id, self.sweep_dir / "report")
                 client.log_artifacts(run_id, str(out), "report")
+                # the sweep's answer, where its user looks: not only the path to it
+                print((out / "results.md").read_text(), flush=True)
                 log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
         except Exception:  # a report failure must not lose the sweep's status
             log.exception("could not build the sweep report")
