@@ -119,3 +119,30 @@ def test_padded_runs_are_the_cheapest_cut():
         got = padded_runs(lengths, int, forward_cost=cost)
         assert sum(got, []) == lengths and got in allowed
         assert paid(got) == min(paid(runs) for runs in allowed)
+
+
+# few-shot documents: one long stem (a description and exemplars) before each question, and a second
+# stem, so that two groups form; GEMMA3's sliding window (8) is far shorter than the stems
+SHOTS = "".join(f"Question: what is {i} plus {i}?\nAnswer: {2 * i}\n\n" for i in range(1, 6))
+STEMMED = [([f"Arithmetic questions.\n\n{SHOTS}Question: what is {a} plus {b}?\nAnswer:"], [f" {a + b}", f" {a + b + 1}"])
+           for a, b in ((3, 4), (10, 5), (7, 7))] + \
+          [([f"Geography questions, answered briefly.\n\n{SHOTS}Question: where is city {a}?\nAnswer:"],
+            [" north", " south of the river"]) for a in range(3)] + DOCUMENTS[:2]
+
+
+@pytest.mark.parametrize("config", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
+def test_documents_sharing_a_stem_run_it_once_and_score_as_the_plain_computation(config):
+    from prunebench.evaluation.loglik import stems
+
+    loaded = load_tiny(name="t", config=config, seed=3)
+    docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in STEMMED]
+    shared = [common_prefix_len(d.inputs) for d in docs]
+    groups = sorted((sorted(members), length) for members, length in stems(docs, shared))
+    assert [members for members, length in groups if length] == [[0, 1, 2], [3, 4, 5]]
+    forwards = []
+    hook = loaded.model.get_decoder().register_forward_hook(lambda m, args, kwargs, out: forwards.append(
+        kwargs["input_ids"].shape), with_kwargs=True)
+    got = score_documents(loaded, docs)
+    hook.remove()
+    assert sorted(shape[0] for shape in forwards if shape[0] == 1)  # each stem is one row
+    assert_equal_to_reference(loaded.model, docs, got)

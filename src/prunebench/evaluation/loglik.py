@@ -9,6 +9,11 @@ ids are each sequence's own, so every real token sees exactly the keys, rotary p
 windows of its unpadded sequence: the result equals the plain one-sequence-per-choice computation
 (tests hold it to 1e-4 in fp32).
 
+Documents may also share a stem with each other: a task's few-shot examples (MMLU 5-shot: the same
+five exemplars before every question of a subject) or its description. Documents that share at least
+`STEM_MIN` leading tokens (neighbours once sorted by their tokens) run that stem once, as one row
+whose cache every document's own prefix then extends; lm-eval computes it again for each document.
+
 Only the positions that predict continuation tokens go through the LM head and log-softmax, each
 position once even when several choices score from it (at least the context's last token), and
 without the full logits ever held (head.token_logprobs): with Gemma's 262k vocabulary the full
@@ -52,6 +57,30 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
 # (gemma3-270m bf16 on this project's CPU: 40 ms a forward beside 0.5 ms a position, so 80; a 7B
 # model's 14 GB read against its per-token matmuls gives about the same)
 FORWARD_COST = 64
+# a stem shorter than this is not split off: its saving would not pay for the extra forward
+STEM_MIN = 32
+
+
+def stems(docs: Sequence[Requests], shared: list[int]) -> list[tuple[list[int], int]]:
+    """Documents grouped by a stem they share: (document indices, stem length), the stem 0 for a
+    document that shares none worth a forward. Documents sorted by their tokens put sharers side
+    by side; a group grows while its stem stays at least STEM_MIN long. A stem ends before every
+    scored position and before each document's own prefix ends, so each document still runs a
+    prefix of its own (the rows its choices' cache is selected from)."""
+    limit = [min(shared[d] - 1, *(len(seq) - clen for seq, clen in zip(doc.inputs, doc.cont_lens)))
+             for d, doc in enumerate(docs)]
+    order = sorted(range(len(docs)), key=lambda d: docs[d].inputs[0])
+    groups: list[tuple[list[int], int]] = []
+    for d in order:
+        if groups and groups[-1][1]:
+            members, stem = groups[-1]
+            common = min(stem, limit[d], common_prefix_len([docs[members[0]].inputs[0], docs[d].inputs[0]]))
+            if common >= STEM_MIN:
+                groups[-1] = (members + [d], common)
+                continue
+        groups.append(([d], limit[d] if limit[d] >= STEM_MIN else 0))
+    # a stem of one document saves nothing
+    return [(members, stem if len(members) > 1 else 0) for members, stem in groups]
 
 
 def padded_runs(items: list, length: Callable[[object], int], forward_cost: int = FORWARD_COST) -> list[list]:
@@ -100,14 +129,20 @@ class _ScoredPositions:
         return torch.cat(self.parts)
 
 
-def _prefix_pass(model: LoadedModel, prefixes: list[list[int]], stands_for: list[int], device):
+def _prefix_pass(model: LoadedModel, prefixes: list[list[int]], stands_for: list[int], device, stem=None):
     """Left-padded prefixes, each counted `stands_for` times by telemetry -> (hidden [n, width, H],
-    cache, padding mask [n, width])."""
+    cache, padding mask [n, stem + width]). `stem`: (its cache, one row; its length) the prefixes
+    continue: the row is repeated for each prefix, and positions start after it."""
     ids, mask = left_pad(prefixes, 0)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    with model.counted.positions(mask * torch.tensor(stands_for)[:, None]):
+    cache, start = None, 0
+    if stem is not None:
+        cache, start = copy.deepcopy(stem[0]), stem[1]
+        cache.batch_select_indices(torch.zeros(len(prefixes), dtype=torch.long, device=device))
+        mask = torch.cat([torch.ones(len(prefixes), start, dtype=torch.long), mask], 1)
+    with model.counted.positions(mask[:, start:] * torch.tensor(stands_for)[:, None]):
         out = model.decoder()(input_ids=ids.to(device), attention_mask=mask.to(device),
-                              position_ids=positions.to(device), use_cache=True)
+                              position_ids=(positions + start).to(device), cache=cache, use_cache=True)
     return out.last_hidden_state, out.cache, mask
 
 
@@ -134,13 +169,30 @@ def _suffix_pass(model: LoadedModel, suffixes: list[list[int]], starts: list[int
 def _run_forwards(model: LoadedModel, docs: Sequence[Requests], shared: list[int], context_per_option: bool,
                   device) -> _ScoredPositions:
     scored = _ScoredPositions()
-    order = sorted(range(len(docs)), key=lambda d: -shared[d])
-    for group in padded_runs(order, lambda d: shared[d]):
+    for members, stem_len in stems(docs, shared):
+        stem = None
+        if stem_len:
+            # telemetry counts the stem once per document (per option), as if each had computed it
+            counts = [sum(len(docs[d].inputs) if context_per_option else 1 for d in members)]
+            _, stem_cache, _ = _prefix_pass(model, [docs[members[0]].inputs[0][:stem_len]], counts, device)
+            stem = stem_cache, stem_len
+        _run_documents(model, docs, members, shared, stem, context_per_option, device, scored)
+    return scored
+
+
+def _run_documents(model: LoadedModel, docs: Sequence[Requests], members: list[int], shared: list[int], stem,
+                   context_per_option: bool, device, scored: _ScoredPositions) -> None:
+    """Documents' own prefixes (after their stem, when they have one), then their choices' rest."""
+    start = stem[1] if stem else 0
+    order = sorted(members, key=lambda d: -shared[d])
+    # after a stem, padding would sit between it and a prefix, and a sliding window counts cache
+    # slots, not positions: runs of equal lengths only
+    for group in padded_runs(order, lambda d: shared[d] - start, 0 if stem else FORWARD_COST):
         cache, prefix_mask = None, None
         if shared[group[0]]:
             stands_for = [len(docs[d].inputs) if context_per_option else 1 for d in group]
-            hidden, cache, prefix_mask = _prefix_pass(model, [docs[d].inputs[0][:shared[d]] for d in group],
-                                                      stands_for, device)
+            hidden, cache, prefix_mask = _prefix_pass(model, [docs[d].inputs[0][start:shared[d]] for d in group],
+                                                      stands_for, device, stem)
             width, picks = hidden.shape[1], []
             for row, d in enumerate(group):
                 doc = docs[d]
@@ -162,7 +214,6 @@ def _run_forwards(model: LoadedModel, docs: Sequence[Requests], shared: list[int
                 seq, clen = docs[d].inputs[c], docs[d].cont_lens[c]
                 picks += [((d, c, p), row, p - shared[d]) for p in range(max(len(seq) - clen, shared[d]), len(seq))]
             scored.add(hidden, picks)
-    return scored
 
 
 @torch.inference_mode()

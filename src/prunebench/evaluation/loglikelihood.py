@@ -12,6 +12,7 @@ composition; ours do not."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import lightning as L
@@ -22,7 +23,7 @@ from prunebench.api.metrics import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
 from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
-from prunebench.evaluation.loglik import common_prefix_len, score_documents
+from prunebench.evaluation.loglik import STEM_MIN, common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.loaded import LoadedModel
@@ -54,9 +55,9 @@ class EncodedDoc:
 
 
 class LoglikelihoodDataModule(L.LightningDataModule):
-    """A batch holds whole documents, scored together in one step; longest first so the first batch
-    shows the peak memory (as lm-eval's Collator orders), and neighbours of similar length pad
-    little. `batch_tokens` caps a batch's padded positions: the batch size follows from it.
+    """A batch holds whole documents, scored together in one step; the costliest batch first so it
+    shows the peak memory (as lm-eval's Collator orders), neighbours of similar length so they pad
+    little, and documents that begin alike (few-shot examples) together so their stem runs once. `batch_tokens` caps a batch's padded positions: the batch size follows from it.
     `whole_task`: one batch of every document, for eval.numerics=lm_eval, whose rows are batched
     across the whole task as lm-eval's are."""
 
@@ -99,7 +100,18 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         if self.batches:
             return
         docs = sorted((self.encode(d) for d in self.task.instances(self.limit)), key=lambda d: -d.tokens)
-        self.batches = [docs] if self.whole_task else pack(docs, lambda d: d.tokens, self.batch_tokens)
+        if self.whole_task:
+            self.batches = [docs]
+            return
+        # documents that begin alike (a task's few-shot examples) are batched together, so that the
+        # scorer runs their stem once (loglik.stems); the others as before, by length
+        clusters = defaultdict(list)
+        for doc in docs:
+            clusters[tuple(doc.inputs[0][:STEM_MIN])].append(doc)
+        alike = [c for c in clusters.values() if len(c) > 1]
+        rest = [doc for c in clusters.values() if len(c) == 1 for doc in c]
+        batches = [batch for cluster in [*alike, rest] for batch in pack(cluster, lambda d: d.tokens, self.batch_tokens)]
+        self.batches = sorted(batches, key=lambda b: -b[0].tokens)  # the costliest first: its peak shows first
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
