@@ -319,3 +319,16 @@ def test_a_job_without_lm_eval_tasks_never_imports_lm_eval():
             f"validate(compose_cfg(['model=tiny-llama', 'task=local_mc', 'task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}'])); "
             "assert 'lm_eval' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lm_eval'))[:5]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=FIXTURES.parent.parent)
+
+
+def test_a_hydra_multirun_sweeps_over_lm_eval_tasks(store):
+    """`-m task=lm_eval task.lm_eval=boolq,rte`: one job per task, each named for its task."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llama", "pruner=none", "task=lm_eval",
+                          "task.lm_eval=boolq,rte", f"data_dir={FIXTURES / 'benchmarks'}", "plan=true"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "0  left     tiny/eval  task.lm_eval=boolq" in out and "1  left     tiny/eval  task.lm_eval=rte" in out
+    cfg = compose_cfg([*TINY, "task=lm_eval", "task.lm_eval=rte"])
+    assert cfg.task.name == "rte"
