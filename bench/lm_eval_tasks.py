@@ -9,7 +9,8 @@ documents score the same on it.
     .venv/bin/python bench/lm_eval_tasks.py model=gemma3-270m model.dtype=bfloat16 data_dir=../shared/data \\
         limit=100 --tasks boolq,rte,mmlu:5 --threads 2
 
-`--tasks`: lm-eval names, `name:k` for k-shot. Other arguments are prunebench config overrides."""
+`--tasks`: lm-eval names, `name:k` for k-shot, `name:k:metric` (or `name::metric`) for the metric
+compared. Other arguments are prunebench config overrides."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def agreement(task, records: list[dict], out: dict) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="prunebench config overrides (model=..., data_dir=..., limit=...)")
-    parser.add_argument("--tasks", default="boolq,rte,mmlu:5", help="lm-eval names, name:k for k-shot")
+    parser.add_argument("--tasks", default="boolq,rte,mmlu:5", help="lm-eval names, name:k for k-shot, name:k:metric")
     parser.add_argument("--lm-eval-batch-size", default="8", help="HFLM batch_size (int or 'auto')")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for both sides")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
@@ -85,8 +86,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from lm_eval.models.huggingface import HFLM
 
-    entries = [{"task": t.split(":")[0], **({"num_fewshot": int(t.split(":")[1])} if ":" in t else {})}
-               for t in args.tasks.split(",")]
+    entries = []
+    for spec in args.tasks.split(","):
+        name, shots, primary = (spec.split(":") + ["", ""])[:3]
+        entries.append({"task": name, **({"num_fewshot": int(shots)} if shots else {}),
+                        **({"primary": primary} if primary else {})})
     listed = "[" + ",".join("{" + ",".join(f"{k}:{v}" for k, v in e.items()) + "}" for e in entries) + "]"
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["task=lm_eval", f"task.lm_eval={listed}", *args.overrides])

@@ -332,3 +332,8 @@ def test_a_hydra_multirun_sweeps_over_lm_eval_tasks(store):
     assert "0  left     tiny/eval  task.lm_eval=boolq" in out and "1  left     tiny/eval  task.lm_eval=rte" in out
     cfg = compose_cfg([*TINY, "task=lm_eval", "task.lm_eval=rte"])
     assert cfg.task.name == "rte"
+
+
+def test_labelled_calibration_from_an_lm_eval_task_is_refused_with_what_to_do(data_files):
+    with pytest.raises(ConfigError, match=r"boolq is an lm-eval task .*calib=file"):
+        our_tasks("task.lm_eval=[boolq]", files_override(data_files), "pruner=wanda", "calib=labelled")

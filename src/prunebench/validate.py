@@ -72,6 +72,10 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
                           f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
                           f"task_library@calib.task=NAME")
+    if evaluated[0] not in (cfg.task.get("tasks") or {}):
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"{evaluated[0]} is an lm-eval task (task.lm_eval), which has no definition here to take it "
+                          f"from; name one: task_library@calib.task=NAME, or calib=file")
     own = cfg.task.tasks[evaluated[0]]
     if "split" not in own.get("source", {}):
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
