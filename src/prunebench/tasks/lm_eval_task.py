@@ -234,15 +234,19 @@ class LmEvalTask:
         for ensemble in getattr(task, "_filters", []):
             ensemble.apply(document.instances)
         names = self.leaf_metrics(document.task)
+        means = {m for m, fn in task.aggregation().items() if getattr(fn, "__name__", "") == "mean"}
         record = {"doc_id": document.doc_id, "task": document.task, "task_doc_id": document.task_doc_id,
                   "target": _plain(task.doc_to_target(document.doc)),
-                  "resps": [_plain(inst.resps[0]) for inst in document.instances]}
+                  "resps": [_plain(inst.resps[0]) for inst in document.instances], "items": {}}
         for filter_name in self._filters(task):
             values = task.process_results(document.doc, [inst.filtered_resps[filter_name] for inst in document.instances])
             record[f"filtered_resps_{filter_name}"] = [_plain(inst.filtered_resps[filter_name]) for inst in document.instances]
             for ours, (metric, f) in names.items():
                 if f == filter_name and metric in values:
-                    record[ours] = _plain(values[metric])
+                    # a metric that is the mean of per-document values carries the document's value under
+                    # its name (stability intervals, flips and McNemar read it); another aggregation's item
+                    # (a log-likelihood for perplexity, a (gold, pred) pair for F1) is no such value
+                    (record if metric in means else record["items"])[ours] = _plain(values[metric])
         return record
 
     @staticmethod
@@ -268,8 +272,9 @@ class LmEvalTask:
         for record in sorted(records, key=lambda r: r["doc_id"]):
             raw = accumulated[record["task"]]["raw_metrics"]
             for ours, key in self.leaf_metrics(record["task"]).items():
-                if ours in record:
-                    raw[key].append(_lm_eval_value(record[ours]))
+                value = record.get(ours, record["items"].get(ours))
+                if value is not None:
+                    raw[key].append(_lm_eval_value(value))
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its bootstrap's chatter
             results = _process_results(accumulated, self.groups, self.bootstrap_iters).metrics
         values, stderrs = {}, {}
