@@ -27,7 +27,8 @@ def expert_params(model):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("make", [MagnitudePruner, lambda: RandomPruner(seed=1)], ids=["magnitude", "random"])
+@pytest.mark.parametrize("make", [lambda: MagnitudePruner(mask_rule="exact"), lambda: RandomPruner(seed=1, mask_rule="exact")],
+                         ids=["magnitude", "random"])
 def test_every_expert_matrix_reaches_the_target_and_is_counted(name, make):
     loaded = moe(name)
     experts = expert_params(loaded.model)
