@@ -110,6 +110,9 @@ def test_the_judge_prompts_are_the_benchmarks_own(tmp_path):
     prompt = grader_prompt("What is x?", "-1<AND>-5", "x = 3")
     assert prompt.endswith("| 1.0\n\nWhat is x? | -1 <AND> -5 | x = 3 | ")
     assert prompt.startswith("Compare the ground truth and prediction from AI models, to give a correctness score")
+    # mm-vet_evaluator.py's own text: a blank line, then its header (lmms-eval's copy has neither)
+    assert ("Just complete the last space of the correctness score.\n\nQuestion | Ground truth | Prediction | "
+            "Correctness\n--- | --- | --- | ---\nWhat is x in the equation? | -1 <AND> -5 | x = 3 | 0.0\n") in prompt
 
 
 def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_path, store):
