@@ -80,7 +80,7 @@ class MMVetTask(JudgedTask):
         (its temperature rises after each retry). Its sixth request, whose reply it discards, is not made."""
         (response,) = responses
         doc = request.doc
-        prompt = grader_prompt(doc["text"], doc["answer"], response)
+        prompt = grader_prompt(doc["text"], doc["answer"], self.answer(response))
         replies, requests, hits, score = [], 0, 0, None
         for attempt in range(self.attempts):
             text = prompt if attempt == 0 else prompt + RETRY_SUFFIX
