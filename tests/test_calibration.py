@@ -109,6 +109,30 @@ def test_mop_prompts_are_whole_prompts_in_the_released_template_one_per_batch(tm
     assert again == texts
 
 
+def test_mop_prompts_first_takes_the_first_prompts_in_order_as_the_released_llama3_code(tmp_path, tokenizer):
+    from prunebench.models.loaded import LoadedModel
+
+    path = tmp_path / "alpaca_data_cleaned.json"
+    path.write_text(json.dumps([{"instruction": f"Task {i}.", "input": "", "output": "no"} for i in range(10)]))
+    loaded = LoadedModel(model=torch.nn.Linear(1, 1), tokenizer=tokenizer, name="tiny", family="causal_lm",
+                         max_length=64)
+
+    def texts(seed):
+        calib = PromptCalibration(path=str(path), name="mop_prompts", n_samples=3, seq_len=64, seed=seed, subset="first")
+        return [tokenizer.decode(b["input_ids"][0], skip_special_tokens=True) for b in calib.batches(loaded, 1)]
+
+    # load_prompts_from_dataset(..., random_subset=False): prompts[:max_prompts], whatever the seed
+    assert texts(1) == texts(2) == [f"Instruction: Task {i}.\nResponse:" for i in range(3)]
+    with pytest.raises(ValueError, match="subset"):
+        PromptCalibration(path=str(path), name="mop_prompts", n_samples=3, seq_len=64, subset="last")
+
+
+def test_the_mop_llama3_preset_calibrates_as_the_released_code():
+    cfg = compose_cfg(["experiment=mop_llama3"])
+    assert cfg.calib.subset == "first" and cfg.calib.n_samples == 128 and cfg.model.dtype == "bfloat16"
+    assert compose_cfg(["experiment=mop_llama2"]).calib.subset == "random"
+
+
 def test_file_reads_jsonl_records_field(tmp_path, tokenizer):
     path = tmp_path / "notes.jsonl"
     path.write_text("\n".join(json.dumps({"body": f"note {i}: the quick brown fox"}) for i in range(20)))

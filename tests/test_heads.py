@@ -120,6 +120,50 @@ def test_his_equals_finite_difference_of_the_loss_per_gate(case):
                 assert his[layer][h] == pytest.approx(abs(up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
+def michel_head_importance(model, batch, loss_fn):
+    """Michel et al.'s calculate_head_importance, written from their code: with each layer's context
+    (the heads' outputs) kept and its gradient retained, loss.backward(), then per layer
+    dot = einsum("bhli,bhli->bhl", grad_ctx, ctx); importance += dot.abs().sum(-1).sum(0); divided
+    by tot_tokens, the input mask's sum (every position where there is no mask)."""
+    heads = attention_heads(model)
+    ctx = {}
+
+    def keep(layer, module, args):
+        ctx[layer] = args[0]
+        args[0].retain_grad()
+
+    hooks = [h.out_proj.register_forward_pre_hook(lambda m, args, i=i: keep(i, m, args)) for i, h in enumerate(heads)]
+    loss_fn(model, batch).backward()
+    for hook in hooks:
+        hook.remove()
+    out = []
+    for i, h in enumerate(heads):
+        b, l = ctx[i].shape[0], ctx[i].shape[1]
+        c = ctx[i].detach().reshape(b, l, h.n_heads, h.head_dim).permute(0, 2, 1, 3)  # [b, h, l, i]
+        g = ctx[i].grad.reshape(b, l, h.n_heads, h.head_dim).permute(0, 2, 1, 3)
+        dot = torch.einsum("bhli,bhli->bhl", g, c)
+        tot_tokens = batch["attention_mask"].sum() if "attention_mask" in batch else b * l
+        out.append(dot.abs().sum(-1).sum(0) / tot_tokens)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_his_token_form_is_michel_et_al_per_token_absolute_value(case):
+    build, batch_fn = CASES[case]
+    model = build(torch.float64)
+    batch = image_batch(torch.float64) if case == "vit" else batch_fn()
+    loss_fn = lm_loss_fp64 if case == "llama" else model_loss
+    ours = head_statistics(model, [batch], his=True, entropy=False, loss_fn=loss_fn, his_form="token")["his"]
+    reference = michel_head_importance(model, batch, loss_fn)
+    for got, want in zip(ours, reference):
+        # the same float64 gradients, summed in another order, then stored in float32 (one rounding, 6e-8)
+        torch.testing.assert_close(got.double(), want.double(), rtol=2e-7, atol=1e-30)
+    batch_form = head_statistics(model, [batch], his=True, entropy=False, loss_fn=loss_fn)["his"]
+    assert not all(torch.allclose(a, b.float()) for a, b in zip(batch_form, ours))  # a different quantity
+    with pytest.raises(ValueError, match="his_form"):
+        HISPruner(his_form="sample")
+
+
 def direct_entropy(attentions, query_mask, key_counts):
     """Mean over valid queries of -sum p log p / log n, written out from the probabilities."""
     out = []

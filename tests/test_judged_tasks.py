@@ -5,6 +5,8 @@ chat-completions server, an unparseable reply among them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import pytest
@@ -110,6 +112,9 @@ def test_the_judge_prompts_are_the_benchmarks_own(tmp_path):
     prompt = grader_prompt("What is x?", "-1<AND>-5", "x = 3")
     assert prompt.endswith("| 1.0\n\nWhat is x? | -1 <AND> -5 | x = 3 | ")
     assert prompt.startswith("Compare the ground truth and prediction from AI models, to give a correctness score")
+    # mm-vet_evaluator.py's own text: a blank line, then its header (lmms-eval's copy has neither)
+    assert ("Just complete the last space of the correctness score.\n\nQuestion | Ground truth | Prediction | "
+            "Correctness\n--- | --- | --- | ---\nWhat is x in the equation? | -1 <AND> -5 | x = 3 | 0.0\n") in prompt
 
 
 def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_path, store):
@@ -140,8 +145,9 @@ def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_p
                 assert metrics["llava_bench_coco/gpt_eval_llava_all"] == pytest.approx((5 * 6 - 1) / (5 * 8 - 1) * 100)
                 assert metrics["llava_bench_coco/gpt_eval_llava_detail"] == pytest.approx(75.0)
                 assert metrics["llava_bench_coco/judge_requests"] == 6
-                reviews = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="judge/llava_bench_coco.json")
-                assert [r["tuple"] for r in json.load(open(reviews))][:2] == [[-1.0, -1.0], [8.0, 6.0]]
+                reviews = mlflow.artifacts.download_artifacts(run_id=run.info.run_id,
+                                                              artifact_path="judge/review_llava_bench_coco.jsonl")
+                assert [r["tuple"] for r in lines(Path(reviews))][:2] == [[-1.0, -1.0], [8.0, 6.0]]
             else:
                 # MM-Vet: question 2 tried five times then scored 0.0; the others 0.5 at the first try
                 failed = next(r for r in records if not r["judge_parsed"])
@@ -167,3 +173,67 @@ def test_the_run_key_follows_the_judge_model_not_where_it_is_served():
     # a task no judge grades keeps its key whether a judge is set or not
     assert run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa"])) == run_key(
         compose_cfg(["model=tiny-llava", "task=easy_vqa", *judge_overrides("http://127.0.0.1:1/v1")]))
+
+
+class RecordingJudge:
+    """A judge that answers a fixed reply and keeps the messages it was sent."""
+
+    model = "recording-judge"
+
+    def __init__(self, text):
+        self.text, self.messages = text, []
+
+    def check(self):
+        pass
+
+    def reply(self, messages, temperature, max_tokens):
+        self.messages.append(messages)
+        return SimpleNamespace(text=self.text, cached=False)
+
+
+def judged_task(tmp_path, name, reply):
+    data, images = write_vlm_data(tmp_path / "data")
+    task = build_tasks(compose_cfg(["model=tiny-llava", f"data_dir={data}", *judge_overrides("http://127.0.0.1:9/v1"),
+                                    f"task={name}", f"task.tasks.{name}.image_dir={images}"]))[name]
+    task.judge = RecordingJudge(reply)
+    return task
+
+
+@pytest.mark.parametrize("name", ["llava_bench_coco", "mm_vet"])
+def test_the_judge_reads_the_answer_stripped_as_llava_writes_it(tmp_path, name):
+    task = judged_task(tmp_path, name, "8 6" if name != "mm_vet" else "0.5")
+    record = task.process_results(task.instances(1)[0], ["\n  The answer.  \n"])
+    sent = task.judge.messages[0][-1]["content"]
+    if name == "mm_vet":
+        assert sent.endswith(" | The answer. | ")
+    else:
+        assert "[Assistant 2]\nThe answer.\n\n[End of Assistant 2]" in sent
+    assert record["response"] == "\n  The answer.  \n"  # the record keeps what the model said
+
+
+def summarize_gpt_review(path: Path) -> dict[str, float]:
+    """LLaVA's summarize_gpt_review.py, its reading loop and score: one review per line, scores by
+    `category` and 'all', model mean / reference mean x 100, rounded to 0.1."""
+    scores = {}
+    with open(path) as f:
+        for review_str in f:
+            review = json.loads(review_str)
+            for key in (review["category"], "all"):
+                scores.setdefault(key, []).append(review["tuple"])
+    means = {k: [sum(t[i] for t in v) / len(v) for i in (0, 1)] for k, v in scores.items()}
+    return {k: round(round(m[1], 3) / round(m[0], 3) * 100, 1) for k, m in means.items()}
+
+
+@pytest.mark.parametrize("name, prefix", [("llava_bench_coco", ""), ("llava_bench_wild", "llava_bench_")])
+def test_the_reviews_file_is_llavas_review_jsonl(tmp_path, name, prefix):
+    task = judged_task(tmp_path, name, "8 6\nBoth fine.")
+    records = [task.process_results(r, ["An answer."]) for r in task.instances()]
+    (path, text), = task.artifacts(records).items()
+    assert path == f"judge/review_{name}.jsonl"
+    (tmp_path / "review.jsonl").write_text(text)
+    reviews = lines(tmp_path / "review.jsonl")
+    assert len(text.splitlines()) == len(records) == len(reviews)  # one JSON record per line
+    assert [r["category"] for r in reviews] == [prefix + r["category"] for r in records]  # LLaVA's: llava_bench_conv
+    assert reviews[0] == {"id": 1, "question_id": records[0]["question_id"], "category": prefix + records[0]["category"],
+                          "content": "8 6\nBoth fine.", "tuple": [8.0, 6.0]}
+    assert summarize_gpt_review(tmp_path / "review.jsonl")["all"] == 75.0

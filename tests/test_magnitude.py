@@ -21,10 +21,10 @@ def test_per_layer_masks_match_reference_and_leave_embeddings_alone(sparsity):
             pruned_names.add(name)
             w = before[name]
             k = int(w.numel() * sparsity)
-            threshold = w.abs().flatten().kthvalue(k).values  # random floats: no ties
+            threshold = torch.sort(w.abs().flatten())[0][k]  # Wanda's prune_magnitude; random floats: no ties
             expected = torch.where(w.abs() <= threshold, torch.zeros_like(w), w)
             assert torch.equal(param, expected), name
-            assert int((param == 0).sum()) == k
+            assert int((param == 0).sum()) == k + 1
         else:
             assert torch.equal(param, before[name]), f"{name} must not be pruned"
     assert len(pruned_names) == 2 * 7
@@ -35,4 +35,4 @@ def test_skip_layers():
     loaded = load_tiny(name="t", config=CONFIG, seed=3)
     MagnitudePruner(skip_layers=[0]).apply(loaded, None, 0.5)
     assert int((loaded.model.model.layers[0].mlp.up_proj.weight == 0).sum()) == 0
-    assert int((loaded.model.model.layers[1].mlp.up_proj.weight == 0).sum()) == 64 * 128 // 2
+    assert int((loaded.model.model.layers[1].mlp.up_proj.weight == 0).sum()) == 64 * 128 // 2 + 1  # released rule

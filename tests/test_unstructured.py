@@ -63,12 +63,13 @@ def reference_inputs(model, samples):
     return {name: torch.cat(xs) for name, xs in seen.items()}
 
 
-def test_global_scope_prunes_the_lowest_magnitudes_of_all_layers_together_exactly():
+@pytest.mark.parametrize("rule, extra", [("released", 1), ("exact", 0)])
+def test_global_scope_prunes_the_lowest_magnitudes_of_all_layers_together(rule, extra):
     loaded = tiny()
     before = weights(loaded.model)
-    stats = MagnitudePruner(scope="global").apply(loaded, None, 0.6)
+    stats = MagnitudePruner(scope="global", mask_rule=rule).apply(loaded, None, 0.6)
     everything = torch.cat([w.abs().flatten() for w in before.values()])
-    k = int(everything.numel() * 0.6)
+    k = int(everything.numel() * 0.6) + extra  # released: |W| <= sort(|W|)[int(n*s)], one more
     threshold = everything.sort().values[k - 1]  # random floats: no ties
     for name, w in weights(loaded.model).items():
         assert torch.equal(w, torch.where(before[name].abs() <= threshold, 0.0, before[name])), name
@@ -81,9 +82,9 @@ def test_global_scope_prunes_the_lowest_magnitudes_of_all_layers_together_exactl
 
 @pytest.mark.parametrize("scope", ["layer", "global", "row"])
 @pytest.mark.parametrize("sparsity", [0.1, 0.37, 0.5])
-def test_achieved_sparsity_is_exact(scope, sparsity):
+def test_achieved_sparsity_is_exact_under_the_exact_rule(scope, sparsity):
     loaded = tiny()
-    stats = MagnitudePruner(scope=scope).apply(loaded, None, sparsity)
+    stats = MagnitudePruner(scope=scope, mask_rule="exact").apply(loaded, None, sparsity)
     ws = weights(loaded.model)
     if scope == "layer":
         expected = sum(int(w.numel() * sparsity) for w in ws.values())
@@ -97,9 +98,42 @@ def test_achieved_sparsity_is_exact(scope, sparsity):
 
 def test_ties_are_broken_by_position_so_the_count_stays_exact():
     scores = [torch.tensor([[1.0, 0.0, 1.0], [1.0, 2.0, 1.0]]), torch.tensor([1.0, 0.5])]
-    layer, vector = lowest(scores, 4)
+    layer, vector = lowest(scores, 0.5, "exact")
     assert layer.tolist() == [[True, True, True], [False, False, False]]
     assert vector.tolist() == [False, True]
+
+
+def test_released_rule_prunes_every_score_at_or_below_sort_at_int_n_s():
+    """Hand-computed from Wanda's prune_magnitude, |W| <= sort(|W|)[int(n * s)]: n = 8, s = 0.5,
+    sort = [.1 .2 .3 .4 .5 .7 .8 .9], threshold sort[4] = .5, so five weights go (exact: four)."""
+    score = torch.tensor([[0.5, 0.1, 0.9, 0.3], [0.7, 0.2, 0.8, 0.4]])
+    assert lowest([score], 0.5, "released")[0].tolist() == [[True, True, False, True], [False, True, False, True]]
+    assert lowest([score], 0.5, "exact")[0].tolist() == [[False, True, False, True], [False, True, False, True]]
+    # ties at the threshold all go: sort = [0 1 1 1 1 2], int(6 * 0.5) = 3, sort[3] = 1
+    tied = torch.tensor([1.0, 0.0, 1.0, 2.0, 1.0, 1.0])
+    assert lowest([tied], 0.5, "released")[0].tolist() == [True, True, True, False, True, True]
+    assert lowest([tied], 0.5, "exact")[0].tolist() == [True, True, True, False, False, False]
+    # a small group still loses its lowest weight, as the reference's does: int(4 * 0.1) = 0, sort[0]
+    assert lowest([torch.tensor([3.0, 1.0, 2.0, 4.0])], 0.1, "released")[0].tolist() == [False, True, False, False]
+
+
+def test_sparsegpt_blocks_follow_the_released_rule():
+    """With an identity Hessian SparseGPT makes no updates and its block mask is SparseGPT's
+    `tmp <= sort(tmp)[int(n * s)]` on w^2: per 2-column block of this 2x4 weight, n = 4, int(4 x 0.5)
+    = 2, so three of each block's four weights go (exact: two). Hand-computed below."""
+    weight = torch.tensor([[0.3, -0.1, 0.8, 0.6], [0.2, 0.9, -0.7, 0.5]])
+    expected = {"released": [[True, True, False, True], [True, False, True, True]],
+                "exact": [[False, True, False, True], [True, False, False, True]]}
+    for rule, zeros in expected.items():
+        w = weight.clone()
+        SparseGPTPruner(block_size=2, mask_rule=rule).reconstruct(w, torch.eye(4, dtype=torch.float64), 0.5)
+        assert (w == 0).tolist() == zeros, rule
+        assert torch.equal(w[w != 0], weight[w != 0])  # identity Hessian: the kept weights do not move
+
+
+def test_an_unknown_mask_rule_is_refused():
+    with pytest.raises(ValueError, match="mask_rule"):
+        MagnitudePruner(mask_rule="nearest")
 
 
 @pytest.mark.parametrize("sparsity", [0.3, 0.5])
@@ -204,7 +238,7 @@ def test_same_seed_same_masks():
 
 def test_modules_and_skip_layers_choose_what_is_pruned():
     loaded = tiny()
-    MagnitudePruner(modules=["attention"], skip_layers=[1]).apply(loaded, None, 0.5)
+    MagnitudePruner(modules=["attention"], skip_layers=[1], mask_rule="exact").apply(loaded, None, 0.5)
     for name, w in weights(loaded.model).items():
         pruned = name.startswith("model.layers.0.self_attn.")
         assert float((w == 0).float().mean()) == (0.5 if pruned else 0.0), name

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from prunebench.tasks.generation import Request
+from prunebench.tasks.scienceqa import ScienceQATask
 from prunebench.tasks.vqa import (llava_scienceqa_answer, normalize_answer, scienceqa_exact_match,
                                   vqa_soft_accuracy)
 
@@ -75,3 +77,16 @@ def test_scienceqa_exact_match_as_lmms_eval(reply, target, score):
 ])
 def test_scienceqa_answer_as_llava_parses_it(reply, n_choices, answer):
     assert llava_scienceqa_answer(reply, n_choices) == answer
+
+
+@pytest.mark.parametrize("reply, parsed", [
+    (" B", "B"), ("B ", "B"), ("B\n", "B"), ("\nB", "B"),  # model_vqa_science.py strips the reply it writes
+    ("B. ", "FAILED"),  # stripped to "B.", which eval_science_qa.py does not read
+    ("B. apostrophe", "B"), ("A", "A"),
+])
+def test_scienceqa_llava_acc_strips_the_reply_as_llava_writes_it(reply, parsed):
+    task = ScienceQATask(name="scienceqa_img", source=None, doc_to_text="{{text}}")
+    request = Request(doc_id=0, requests=[], doc={"n_choices": 2}, task="scienceqa_img", target="B")
+    answers, scores = task.score(reply, request)
+    assert answers["llava_acc"] == parsed
+    assert scores["llava_acc"] == float(parsed == "B")

@@ -93,17 +93,25 @@ class AlpacaCalibration(Calibration):
         super().__init__(Alpaca(path), **kwargs)
 
 
-class PromptCalibration(Calibration):
-    """MoP's released calibration: `n_samples` instruction prompts drawn at random (per seed), in the
-    MoP code's template, each run alone as one batch (no packing, no padding; cut at `seq_len`),
-    so a per-batch average is a per-prompt one (pruner.average=batch)."""
+PROMPT_SUBSETS = ("random", "first")
 
-    def __init__(self, path: str | None = None, **kwargs):
+
+class PromptCalibration(Calibration):
+    """MoP's released calibration: `n_samples` instruction prompts in the MoP code's template, each
+    run alone as one batch (no packing, no padding; cut at `seq_len`), so a per-batch average is a
+    per-prompt one (pruner.average=batch). `subset`: `random` draws them per seed; `first` takes the
+    dataset's first ones in order, as the released LLaMA-3 code does (random_subset=False)."""
+
+    def __init__(self, path: str | None = None, subset: str = "random", **kwargs):
+        if subset not in PROMPT_SUBSETS:
+            raise ValueError(f"calib.subset={subset!r}; valid: {list(PROMPT_SUBSETS)}")
         super().__init__(Alpaca(path, template="mop"), **kwargs)
+        self.subset = subset
 
     def batches(self, loaded, batch_size: int) -> list[dict[str, torch.Tensor]]:
         docs = self.corpus.documents()
-        prompts = random.Random(self.seed).sample(docs, min(self.n_samples, len(docs)))
+        count = min(self.n_samples, len(docs))
+        prompts = docs[:count] if self.subset == "first" else random.Random(self.seed).sample(docs, count)
         out = []
         for text in prompts:
             ids = torch.tensor([loaded.tokenizer(text)["input_ids"][:self.seq_len]], device=loaded.device)

@@ -265,7 +265,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         mlflow.log_text("\n".join(json.dumps(r) for r in records), f"predictions/{name}.jsonl")
         # what a task writes besides its predictions (a submission file, a judge's reviews)
         for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
-            mlflow.log_dict(artifact, path)
+            (mlflow.log_text if isinstance(artifact, str) else mlflow.log_dict)(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack, contextmanager
+from functools import partial
 
 import torch
 
@@ -21,6 +22,11 @@ from prunebench.pruners.structured import StructuredPruner, calibration_batches,
 SCOPES = ("global", "layer")
 MODES = ("remove", "mask")
 NORMALIZE = ("layer", "none")
+# batch: |d loss / d gate| per calibration batch (the gate's gradient sums the head's contribution
+# over the batch's tokens before the absolute value; transformers' bertology port, and with batch_size
+# 1 the HIES paper's E_x |A_h^T dL/dA_h|); token: Michel et al.'s calculate_head_importance,
+# |A_h^T dL/dA_h| per token, summed, over the tokens (`dot.abs().sum(-1).sum(0)` / tot_tokens)
+HIS_FORMS = ("batch", "token")
 
 
 def normalised_entropy(probs: torch.Tensor, query_mask: torch.Tensor | None = None
@@ -52,12 +58,49 @@ def frozen(model: torch.nn.Module):
             p.requires_grad_(flag)
 
 
+@contextmanager
+def head_inputs(heads: list[Heads]):
+    """The latest input of each layer's output projection (its heads' outputs side by side), kept
+    per forward so the loss can be differentiated with respect to it."""
+    seen: list[torch.Tensor | None] = [None] * len(heads)
+
+    def keep(layer, module, args):
+        seen[layer] = args[0]
+
+    handles = [h.out_proj.register_forward_pre_hook(partial(keep, i)) for i, h in enumerate(heads)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def per_token_importance(heads: list[Heads], inputs: list[torch.Tensor], grads: list[torch.Tensor],
+                         batch: dict) -> list[tuple[torch.Tensor, float]]:
+    """Michel et al.'s sum over positions of |A_h . dL/dA_h| at each position, per head, with the
+    tokens it is averaged over (the text's non-padding tokens, as their `tot_tokens`; every
+    position of a tower whose queries are not the text)."""
+    out = []
+    for h, x, g in zip(heads, inputs, grads):
+        dot = (x.detach().double() * g.double()).reshape(*x.shape[:-1], h.n_heads, h.head_dim).sum(-1)
+        mask = batch.get("attention_mask") if h.reads_text else None
+        tokens = float(mask.sum()) if mask is not None else dot.numel() / h.n_heads
+        out.append((dot.abs().reshape(-1, h.n_heads).sum(0).cpu(), tokens))
+    return out
+
+
 def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = True, entropy: bool = True,
-                    loss_fn=model_loss, tower: str = "language") -> dict[str, list[torch.Tensor]]:
-    """Per layer, per head of `tower`: `his` = mean over batches of |d loss / d gate|, `entropy` =
-    mean normalised attention entropy; both from one pass over the calibration batches."""
+                    loss_fn=model_loss, tower: str = "language", his_form: str = "batch"
+                    ) -> dict[str, list[torch.Tensor]]:
+    """Per layer, per head of `tower`: `his` in `his_form` (HIS_FORMS: the mean over batches of
+    |d loss / d gate|, or Michel et al.'s per-token form), `entropy` = mean normalised attention
+    entropy; both from one pass over the calibration batches."""
+    if his_form not in HIS_FORMS:
+        raise ValueError(f"his_form={his_form!r}; valid: {HIS_FORMS}")
     heads = attention_heads(model, tower)
-    his_sum = [torch.zeros(h.n_heads) for h in heads]
+    # the per-token form adds one term per token and head: summed in float64, as Wanda's norms are
+    his_sum = [torch.zeros(h.n_heads, dtype=torch.float64 if his_form == "token" else torch.float32) for h in heads]
+    his_tokens = [0.0 for _ in heads]
     ent_sum = [torch.zeros(h.n_heads) for h in heads]
     ent_n = [torch.zeros(h.n_heads) for h in heads]
     current = {}
@@ -72,6 +115,8 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
     with ExitStack() as stack:
         stack.enter_context(frozen(model))
         gates = stack.enter_context(head_gates(heads)) if his else None
+        # registered after the gates, so they see the gated output, which carries the gradient
+        inputs = stack.enter_context(head_inputs(heads)) if his and his_form == "token" else None
         if entropy:
             stack.enter_context(eager_attention(model, heads))
             for h in heads:
@@ -81,15 +126,23 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
             if his:
                 # a head whose output the loss never sees (LLaVA reads its vision tower's
                 # second-to-last layer, so the last layer's heads) has importance 0
-                grads = torch.autograd.grad(loss_fn(model, batch), gates, allow_unused=True, materialize_grads=True)
-                for acc, grad in zip(his_sum, grads):
-                    acc += grad.detach().abs().cpu()
+                loss = loss_fn(model, batch)
+                if inputs is None:
+                    grads = torch.autograd.grad(loss, gates, allow_unused=True, materialize_grads=True)
+                    for acc, grad in zip(his_sum, grads):
+                        acc += grad.detach().abs().cpu()
+                else:
+                    grads = torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
+                    for layer, (total, tokens) in enumerate(per_token_importance(heads, inputs, grads, batch)):
+                        his_sum[layer] += total
+                        his_tokens[layer] += tokens
             else:
                 with torch.no_grad():
                     observe(model, batch)
     out = {}
     if his:
-        out["his"] = [s / len(batches) for s in his_sum]
+        out["his"] = ([s / len(batches) for s in his_sum] if his_form == "batch" else
+                      [(s / max(n, 1.0)).float() for s, n in zip(his_sum, his_tokens)])
     if entropy:
         out["entropy"] = [s / n.clamp_min(1) for s, n in zip(ent_sum, ent_n)]
     return out
@@ -163,25 +216,29 @@ class HeadPruner(StructuredPruner):
 class CalibratedHeadPruner(HeadPruner):
     needs_calibration = True
     statistics: dict[str, bool]
+    his_form = "batch"
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, list[torch.Tensor]]:
         batches = calibration_batches(loaded, calib, self.batch_size)
-        return head_statistics(loaded.model, batches, **self.statistics, tower=self.tower)
+        return head_statistics(loaded.model, batches, **self.statistics, tower=self.tower, his_form=self.his_form)
 
 
 class HISPruner(CalibratedHeadPruner):
     """`normalize: layer` divides each layer's HIS by the layer's L2 norm, as transformers'
     bertology script (the port of Michel et al.'s code) does by default: raw gradient magnitudes
     differ between layers, and ranked globally they can empty whole layers (on Gemma 3 270M at
-    50%, four of 18 layers lost every head). `none` ranks the raw values."""
+    50%, four of 18 layers lost every head). `none` ranks the raw values. `his_form` (HIS_FORMS)
+    picks where the absolute value is taken: per batch (default) or per token (Michel et al.'s
+    code); on BERT the two rank heads alike, on causal LMs they do not (docs/structured.md)."""
 
     statistics = {"his": True, "entropy": False}
 
-    def __init__(self, name: str = "heads_his", normalize: str = "layer", **kwargs):
+    def __init__(self, name: str = "heads_his", normalize: str = "layer", his_form: str = "batch", **kwargs):
         super().__init__(name, **kwargs)
-        if normalize not in NORMALIZE:
-            raise ValueError(f"pruner {name}: normalize={normalize!r}; valid: {NORMALIZE}")
-        self.normalize = normalize
+        if normalize not in NORMALIZE or his_form not in HIS_FORMS:
+            raise ValueError(f"pruner {name}: normalize={normalize!r} (valid: {NORMALIZE}), "
+                             f"his_form={his_form!r} (valid: {HIS_FORMS})")
+        self.normalize, self.his_form = normalize, his_form
 
     def his(self, scores) -> list[torch.Tensor]:
         if self.normalize == "layer":

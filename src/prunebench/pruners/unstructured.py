@@ -16,7 +16,7 @@ from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
 from prunebench.pruners.base import Pruner, tower_hint
-from prunebench.pruners.masks import lowest, lowest_per_row, n_of_m, parse_pattern
+from prunebench.pruners.masks import MASK_RULES, lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 from prunebench.pruners.structured import calibration_batches
 
@@ -32,12 +32,14 @@ def module_kind(name: str) -> str:
 
 class UnstructuredPruner(Pruner):
     """Masks from an importance score per weight, compared within `scope`: each layer, all layers
-    together (global), or each output row."""
+    together (global), or each output row; `mask_rule` picks the released code's threshold rule
+    (default) or an exact count (masks.py)."""
 
     families = frozenset({"causal_lm", "encoder", "moe", "vlm"})
 
     def __init__(self, name: str, skip_layers: list[int] = (), modules: list[str] = MODULES,
-                 pattern: str | None = None, scope: str = "layer", tower: str = "language"):
+                 pattern: str | None = None, scope: str = "layer", mask_rule: str = "released",
+                 tower: str = "language"):
         super().__init__(name, tower)
         self.skip_layers, self.modules = set(skip_layers), list(modules)
         bad = [m for m in self.modules if m not in MODULES]
@@ -45,7 +47,9 @@ class UnstructuredPruner(Pruner):
             raise ValueError(f"pruner.modules={self.modules} must be a non-empty subset of {list(MODULES)}")
         if scope not in SCOPES:
             raise ValueError(f"pruner.scope={scope!r} is not one of {list(SCOPES)}" + tower_hint(scope))
-        self.pattern, self.scope = parse_pattern(pattern), scope
+        if mask_rule not in MASK_RULES:
+            raise ValueError(f"pruner.mask_rule={mask_rule!r} is not one of {list(MASK_RULES)}")
+        self.pattern, self.scope, self.mask_rule = parse_pattern(pattern), scope, mask_rule
 
     def check(self, sparsity: float) -> None:
         if self.pattern:
@@ -73,9 +77,8 @@ class UnstructuredPruner(Pruner):
         if self.scope == "row":
             return {name: lowest_per_row(imp, sparsity) for name, imp in importance.items()}
         if self.scope == "global":
-            total = sum(imp.numel() for imp in importance.values())
-            return dict(zip(importance, lowest(list(importance.values()), int(total * sparsity))))
-        return {name: lowest([imp], int(imp.numel() * sparsity))[0] for name, imp in importance.items()}
+            return dict(zip(importance, lowest(list(importance.values()), sparsity, self.mask_rule)))
+        return {name: lowest([imp], sparsity, self.mask_rule)[0] for name, imp in importance.items()}
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
@@ -216,7 +219,7 @@ class SparseGPTPruner(UnstructuredPruner):
             d = hinv1.diagonal()
             err = torch.zeros_like(w1)
             mask1 = (torch.zeros_like(w1, dtype=torch.bool) if self.pattern else
-                     lowest([w1 ** 2 / d ** 2], int(w1.numel() * sparsity))[0])
+                     lowest([w1 ** 2 / d ** 2], sparsity, self.mask_rule)[0])
             for i in range(i2 - i1):
                 if self.pattern and i % self.pattern[1] == 0:
                     m = self.pattern[1]

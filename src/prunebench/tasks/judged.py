@@ -65,6 +65,12 @@ class JudgedTask(GenerateUntilTask):
     def join(self, questions: list[dict], references: list[dict]) -> list[dict]:
         return questions
 
+    @staticmethod
+    def answer(response: str) -> str:
+        """The model's answer as the judge reads it: stripped, as LLaVA's model_vqa.py writes the
+        answer files its review scripts and (through convert_mmvet_for_eval.py) MM-Vet's grader read."""
+        return response.strip()
+
     def ask(self, messages: list[dict], temperature: float | None = None) -> tuple[str, bool]:
         reply = self.judge.reply(messages, self.judge_temperature if temperature is None else temperature,
                                  self.judge_max_tokens)

@@ -9,6 +9,7 @@ The rules and the parser are LLaVA's; hand-written because no installable packag
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -109,7 +110,7 @@ class LlavaBenchTask(JudgedTask):
     def process_results(self, request: Request, responses: list[str]) -> dict:
         (response,) = responses
         doc = request.doc
-        content = review_prompt(doc["context"], doc["text"], doc["reference"], response,
+        content = review_prompt(doc["context"], doc["text"], doc["reference"], self.answer(response),
                                 RULES[self.rule_prefix + doc["category"]])
         reply, cached = self.ask([{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}])
         scores = parse_score(reply)
@@ -130,8 +131,11 @@ class LlavaBenchTask(JudgedTask):
                 values[metric] = ratio_or_nan(model, reference) * 100
         return {**values, **self.judge_counts(records)}, {}
 
-    def artifacts(self, records: list[dict]) -> dict[str, list]:
-        """The reviews in LLaVA's review-file shape, readable by its summarize_gpt_review.py."""
-        return {f"judge/{self.name}.json": [
-            {"id": i + 1, "question_id": r["question_id"], "category": r["category"], "content": r["judge_reply"],
-             "tuple": r["scores"]} for i, r in enumerate(records)]}
+    def artifacts(self, records: list[dict]) -> dict[str, str]:
+        """The reviews as LLaVA's review scripts write them, one JSON record per line, with LLaVA's
+        category (in the wild `llava_bench_<category>`, the rule's key), so its summarize_gpt_review.py
+        reads the file (`-f FILE`, or `-d judge/`, which takes review_*.jsonl). LLaVA's answer1_id /
+        answer2_id are left out: no answer here has an id, and the summary does not read them."""
+        return {f"judge/review_{self.name}.jsonl": "".join(
+            json.dumps({"id": i + 1, "question_id": r["question_id"], "category": self.rule_prefix + r["category"],
+                        "content": r["judge_reply"], "tuple": r["scores"]}) + "\n" for i, r in enumerate(records))}

@@ -1,9 +1,10 @@
-"""MM-Vet as its own grader scores it (`mm-vet_evaluator.py`, whose prompt lmms-eval's `mmvet` copies):
-a few-shot prompt asks the judge for a 0.0-1.0 correctness of the prediction against the reference
-(`<AND>` / `<OR>` spaced out); a reply whose first word is not a number in [0, 1] is asked again with
-"Predict the correctness of the answer (digit): " appended, at a rising temperature, and after five
-tries scores 0.0. Score = mean x 100, overall and per capability (rec, ocr, know, gen, spat, math) over
-the samples needing it.
+"""MM-Vet as its own grader scores it (`mm-vet_evaluator.py`): a few-shot prompt in MM-Vet's text,
+byte for byte (lmms-eval's `mmvet` copy drops the blank line before the table and heads its first
+column `gpt_query_prompt`, its variable's name, instead of `Question`), asks the judge for a 0.0-1.0
+correctness of the prediction against the reference (`<AND>` / `<OR>` spaced out); a reply whose
+first word is not a number in [0, 1] is asked again with "Predict the correctness of the answer
+(digit): " appended, at a rising temperature, and after five tries scores 0.0. Score = mean x 100,
+overall and per capability (rec, ocr, know, gen, spat, math) over the samples needing it.
 
 Questions come from LLaVA's llava-mm-vet.jsonl (question_id i is MM-Vet's "v1_i"); the references and
 capabilities from MM-Vet's own mm-vet.json (not in LLaVA's tree). Hand-written: no package ships it."""
@@ -18,7 +19,8 @@ from prunebench.tasks.generation import Request, TakeFirst
 from prunebench.tasks.judged import JudgedTask
 
 GRADER_PROMPT = """Compare the ground truth and prediction from AI models, to give a correctness score for the prediction. <AND> in the ground truth means it is totally right only when all elements in the ground truth are present in the prediction, and <OR> means it is totally right when any one element in the ground truth is present in the prediction. The correctness score is 0.0 (totally wrong), 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, or 1.0 (totally right). Just complete the last space of the correctness score.
-gpt_query_prompt | Ground truth | Prediction | Correctness
+
+Question | Ground truth | Prediction | Correctness
 --- | --- | --- | ---
 What is x in the equation? | -1 <AND> -5 | x = 3 | 0.0
 What is x in the equation? | -1 <AND> -5 | x = -1 | 0.5
@@ -51,7 +53,7 @@ class MMVetTask(JudgedTask):
     """`references`: mm-vet.json ({"v1_<i>": {question, answer, capability, imagename}});
     `attempts`: grading tries before a sample scores 0.0 (MM-Vet's 5)."""
 
-    prompt_version: ClassVar[str] = "mm-vet grader (few-shot, v1)"
+    prompt_version: ClassVar[str] = "mm-vet grader (mm-vet_evaluator.py's text, v2)"
     judge_max_tokens: int = 3  # MM-Vet's: the score and nothing else
     attempts: int = 5
     filters: dict = field(default_factory=lambda: {m: TakeFirst() for m in ("gpt_eval_score", *CAPABILITIES)})
@@ -78,7 +80,7 @@ class MMVetTask(JudgedTask):
         (its temperature rises after each retry). Its sixth request, whose reply it discards, is not made."""
         (response,) = responses
         doc = request.doc
-        prompt = grader_prompt(doc["text"], doc["answer"], response)
+        prompt = grader_prompt(doc["text"], doc["answer"], self.answer(response))
         replies, requests, hits, score = [], 0, 0, None
         for attempt in range(self.attempts):
             text = prompt if attempt == 0 else prompt + RETRY_SUFFIX

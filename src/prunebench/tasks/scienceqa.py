@@ -42,7 +42,9 @@ class ScienceQATask(GenerateUntilTask):
     filters: dict = field(default_factory=lambda: {"exact_match": TakeFirst(), "llava_acc": TakeFirst()})
 
     def score(self, response: str, request: Request) -> tuple[dict[str, str], dict[str, float]]:
+        """`llava_acc` parses the reply as LLaVA's pipeline sees it: model_vqa_science.py strips the
+        decoded reply before writing it, so ' B' reads B, and 'B. ' becomes 'B.', which is FAILED."""
         target = request.target
-        llava = llava_scienceqa_answer(response, request.doc["n_choices"])
+        llava = llava_scienceqa_answer(response.strip(), request.doc["n_choices"])
         return ({"exact_match": response.strip(), "llava_acc": llava},
                 {"exact_match": scienceqa_exact_match(response, target), "llava_acc": float(llava == target)})
