@@ -62,8 +62,8 @@ STEM_MIN = 32
 
 
 def stems(docs: Sequence[Requests], shared: list[int]) -> list[tuple[list[int], int]]:
-    """Documents grouped by a stem they share: (document indices, stem length), the stem 0 for a
-    document that shares none worth a forward. Documents sorted by their tokens put sharers side
+    """Documents grouped by a stem they share: (document indices, stem length), and one group of
+    stem 0 holding every document that shares none worth a forward. Documents sorted by their tokens put sharers side
     by side; a group grows while its stem stays at least STEM_MIN long. A stem ends before every
     scored position and before each document's own prefix ends, so each document still runs a
     prefix of its own (the rows its choices' cache is selected from)."""
@@ -79,8 +79,11 @@ def stems(docs: Sequence[Requests], shared: list[int]) -> list[tuple[list[int], 
                 groups[-1] = (members + [d], common)
                 continue
         groups.append(([d], limit[d] if limit[d] >= STEM_MIN else 0))
-    # a stem of one document saves nothing
-    return [(members, stem if len(members) > 1 else 0) for members, stem in groups]
+    # a stem of one document saves nothing: every document without a shared stem runs in one group,
+    # batched together as if there were no stems
+    shared_stems = [(members, stem) for members, stem in groups if stem and len(members) > 1]
+    alone = [d for members, stem in groups if not (stem and len(members) > 1) for d in members]
+    return shared_stems + ([(alone, 0)] if alone else [])
 
 
 def padded_runs(items: list, length: Callable[[object], int], forward_cost: int = FORWARD_COST) -> list[list]:
