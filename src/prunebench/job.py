@@ -174,14 +174,16 @@ def per_document(records: list[dict], metric: str) -> dict:
 
 
 def read_records(run_id: str, task: str) -> list[dict]:
-    """A run's `predictions/<task>.jsonl`; [] when it has none (a run older than the artifact)."""
+    """A run's `predictions/<task>.jsonl`, read as the reports read it; [] when it has none (a run
+    older than the artifact)."""
     from mlflow.exceptions import MlflowException
 
+    from prunebench.report.predictions import read_predictions
+
     try:
-        text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{task}.jsonl")
+        return read_predictions(run_id, task)
     except (MlflowException, OSError):
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigError) -> None:

@@ -12,8 +12,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
+from prunebench.api.task_keys import task_names
 from prunebench.calibration import LabelledCalibration
-from prunebench.paths import task_names
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
 from prunebench.tasks.build import build_tasks

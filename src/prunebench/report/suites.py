@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from prunebench.paths import CONF_DIR, task_names
+from prunebench.api.task_keys import task_names
+from prunebench.paths import CONF_DIR
 from prunebench.report.table import dense_first
 
 POOLED = "(one per task)"

@@ -7,6 +7,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
+from prunebench.api.task_keys import lm_eval_entries
 
 # The protocol a task definition under task.tasks follows: lm-evaluation-harness's prompts and scoring.
 NATIVE_PROTOCOL = "lm_eval"
@@ -17,9 +18,8 @@ LM_EVAL_ENTRY_KEYS = {"task", "name", "num_fewshot", "primary"}
 def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     """`task.lm_eval`'s entries (lm-eval names, or {task, name, num_fewshot, primary}) as task
     definitions, with the options the task config shares (conf/task_library/_lm_eval.yaml) and data_dir."""
-    entries = cfg.task.get("lm_eval") or []
-    if isinstance(entries, str):
-        entries = [entries]
+    entries = lm_eval_entries(OmegaConf.to_container(cfg.task.lm_eval, resolve=True)
+                              if OmegaConf.is_config(cfg.task.get("lm_eval")) else cfg.task.get("lm_eval"))
     if not entries:
         return {}
     shared = {key: OmegaConf.to_container(cfg.task[key], resolve=True) if OmegaConf.is_config(cfg.task[key])
@@ -28,9 +28,6 @@ def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     definitions = {}
     for i, entry in enumerate(entries):
         where = f"task.lm_eval[{i}]"
-        entry = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
-        if isinstance(entry, str):
-            entry = {"task": entry}
         unknown = sorted(set(entry) - LM_EVAL_ENTRY_KEYS) if isinstance(entry, dict) else None
         if unknown is None or "task" not in entry or unknown:
             raise ConfigError(f"{where}={entry!r}: an lm-eval task name or a mapping with 'task' and any of "
@@ -38,8 +35,7 @@ def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
         name = entry.get("name") or entry["task"]
         if name in definitions or name in (cfg.task.get("tasks") or {}):
             raise ConfigError(f"{where}: task {name!r} is listed twice; give one a name of its own ({{task: {entry['task']}, name: ...}})")
-        definitions[name] = where, {"_target_": LM_EVAL_TASK, **shared, **{k: v for k, v in entry.items()},
-                                    "name": name, "num_fewshot": entry.get("num_fewshot", shared.get("num_fewshot")),
+        definitions[name] = where, {"_target_": LM_EVAL_TASK, **shared, **entry, "name": name,
                                     "data_dir": cfg.get("data_dir")}
     return definitions
 
