@@ -40,7 +40,8 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     out.mkdir(parents=True, exist_ok=True)
     sections = [setting_section(heading, rows) for heading, rows in table.groupby(SETTING, sort=True)]
     for suite, summary in summaries.items():
-        sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
+        sections += [f"## {suite}: averaged across single-task runs · {heading}\n\n{to_markdown(rows[shown_columns(rows)])}"
+                     for heading, rows in summary.groupby(SETTING, sort=True)]
         summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
