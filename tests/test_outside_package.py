@@ -181,3 +181,17 @@ def test_ria_prunes_the_language_tower_of_a_vision_language_model(mylab, calib_t
     assert stats["sparsity/actual"] == pytest.approx(0.5)
     changed = {n for n, p in loaded.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("language_model" in n for n in changed), sorted(changed)[:5]
+
+
+def test_a_model_config_in_a_folder_builds_on_a_built_in_one(tmp_path):
+    """docs/extending.md's model example, read from a file:// folder: its defaults list finds
+    prunebench's hf_causal across the search path."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mylab-llama-ft.yaml").write_text(
+        "defaults:\n  - hf_causal\n  - _self_\nname: mylab-llama-ft\npath: /models/mylab-llama-ft\n"
+        "dtype: bfloat16\nparams_b: 6.7\n")
+    model = compose_cfg([f"hydra.searchpath=[file://{tmp_path}]", "model=mylab-llama-ft"]).model
+    built_in = compose_cfg(["model=hf_causal", "model.path=x"]).model
+    assert model._target_ == built_in._target_ and model.family == "causal_lm"
+    assert (model.name, model.path, model.dtype, model.trust_remote_code) == \
+        ("mylab-llama-ft", "/models/mylab-llama-ft", "bfloat16", False)
