@@ -8,7 +8,7 @@ import logging
 import time
 
 import mlflow
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.metrics import readable
@@ -216,8 +216,14 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
 
 
 def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
-    """What a pruner's scores depend on: the jobs of a sweep over ratios share them."""
-    return {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
+    """What a pruner's scores depend on: the jobs of a sweep over ratios share them. The scorer is
+    its class's module and qualified name, however `_target_` spells it (a package's re-export), so
+    two packages' pruners of one config name never share scores and one class never misses its own;
+    a built-in `_target_` already is that name, so its keys are what they were."""
+    pruner = OmegaConf.to_container(cfg.pruner, resolve=True)
+    scorer = get_class(pruner["_target_"])
+    pruner["_target_"] = f"{scorer.__module__}.{scorer.__qualname__}"
+    return {"model": identity(cfg)["model"], "pruner": pruner,
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
