@@ -31,8 +31,10 @@ TINY = {"causal_lm": "tiny-llama", "moe": "tiny-mixtral", "encoder": "tiny-bert-
         "vlm": "tiny-llava"}
 # overrides that name what a test machine has not: the real model's files, a cluster, a tracking server
 DROPPED = ("model.", "hydra/launcher=", "hydra.launcher.", "tracking=", "tracking.uri=")
-# the files the README's examples read from the working directory
-LOCAL_FILES = ("questions.jsonl", "my.jsonl")
+# the files the README's examples read from the working directory: questions, and calibration text
+LOCAL_FILES = ("questions.jsonl", "my.jsonl", "notes.txt")
+# `pip install examples/mylab` (test_outside_package.py installs it for real): here it is put on the path
+MYLAB = ROOT / "examples" / "mylab"
 
 
 def blocks(text: str, language: str) -> list[str]:
@@ -77,12 +79,13 @@ def readme_commands() -> list[list[str]]:
     return found
 
 
-def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, store, tmp_path):
+def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, store, tmp_path, monkeypatch):
     for name in LOCAL_FILES:
         shutil.copy(MC_FIXTURE, tmp_path / name)
+    monkeypatch.syspath_prepend(str(MYLAB))
     ran, planned, reports = [], [], []
     for tool, *arguments in readme_commands:
-        if tool in ("make", "export"):  # the CI's own steps (.ci/run); a sign-in for a server not here
+        if tool in ("make", "export", "pip"):  # the CI's own steps; a sign-in for a server not here; an install
             continue
         assert tool in ("prunebench", "prunebench-plan", "prunebench-report"), f"README runs an unknown tool: {tool}"
         if tool == "prunebench-report":
