@@ -330,3 +330,27 @@ def test_the_reviews_file_is_llavas_review_jsonl(tmp_path, name, prefix):
     assert reviews[0] == {"id": 1, "question_id": records[0]["question_id"], "category": prefix + records[0]["category"],
                           "content": "8 6\nBoth fine.", "tuple": [8.0, 6.0]}
     assert summarize_gpt_review(tmp_path / "review.jsonl")["all"] == 75.0
+
+
+def test_a_dense_number_withheld_gives_a_pruned_run_no_stability_for_that_task(tmp_path, store):
+    """The dense run's judge failed on 1 of 6 answers (withheld); the pruned run's judge read them all:
+    its number is a headline, but pruned / dense has no dense number to rest on."""
+    data, images = write_vlm_data(tmp_path / "data")
+    failing = {"on": True}
+
+    def script(body, auth):
+        if failing["on"] and "What is 2? |" in user_text(body):
+            return 200, "I cannot tell."
+        return benchmark_judge(body, auth)
+
+    base = ["model=tiny-llava", "task=mm_vet", f"data_dir={data}", *QUIET[:2], f"task.tasks.mm_vet.image_dir={images}",
+            "task.tasks.mm_vet.max_gen_toks=8"]
+    with ChatServer(script) as server:
+        dense = job.run(compose_cfg([*base, "pruner=none", *judge_overrides(server.url)]))
+        assert "avg/score" not in dense
+        failing["on"] = False
+        pruned = job.run(compose_cfg([*base, "pruner=magnitude", "sparsity=0.5", *judge_overrides(server.url)]))
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["start_time DESC"])[0]
+    assert pruned["mm_vet/judge_failure_rate"] == 0 and pruned["avg/score"] == pruned["mm_vet/gpt_eval_score"]
+    assert "stability/mm_vet" not in pruned and "prunebench.withheld" not in run.data.tags
+    assert json.loads(run.data.tags["prunebench.stability_excluded"]) == {"mm_vet": "no dense value"}
