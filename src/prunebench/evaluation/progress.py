@@ -151,9 +151,8 @@ class DocumentProgress(Callback):
     for perplexity) and the positions its batch cost (`trainer.datamodule.cost(item)` where the module
     has one). `interactive`: None asks whether stderr is a terminal."""
 
-    def __init__(self, task: str, interactive: bool | None = None, every_s: float = 30.0, every_share: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, tick_s: float = 1.0):
-        self.task, self.every_s, self.every_share, self.clock, self.tick_s = task, every_s, every_share, clock, tick_s
+    def __init__(self, task: str, interactive: bool | None = None):
+        self.task = task
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.progress: Progress | None = None
         self.ticker: Ticker | None = None
@@ -166,9 +165,8 @@ class DocumentProgress(Callback):
         totals = [documents(loader) for loader in loaders]
         works = [work(loader, self.cost) for loader in loaders]
         self.progress = Progress(self.task, None if None in totals else sum(totals),
-                                 None if None in works else sum(works), self.interactive, self.clock,
-                                 self.every_s, self.every_share)
-        self.ticker = Ticker(self.progress.tick, self.tick_s)
+                                 None if None in works else sum(works), self.interactive)
+        self.ticker = Ticker(self.progress.tick)
         self.ticker.start()
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
