@@ -116,8 +116,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
         metrics, logged, documents = execute(cfg, tasks, dense)
-        # a split without answers (a submission) has no metric, so no place in the average
-        scored = {name: task for name, task in tasks.items() if task.metrics}
+        withheld = withheld_tasks(tasks, metrics)
+        # a split without answers (a submission) has no metric, so no place in the average; nor has a
+        # task whose number is withheld (a judge that failed too often)
+        scored = {name: task for name, task in tasks.items() if task.metrics and name not in withheld}
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in scored.items()}))
         if primary:
@@ -126,7 +128,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         dense_primary = primary
         if not dense:
             dense_run = store.finished_run(uri, exp_id, baseline_key)  # again: ensure_dense may have just made it
-            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in scored.items()}
+            # a dense number withheld is no baseline either
+            dense_withheld = json.loads(dense_run.data.tags.get(store.WITHHELD_TAG) or "{}") if dense_run else {}
+            dense_primary = dense_run and {n: None if n in dense_withheld else dense_run.data.metrics.get(f"{n}/{t.primary}")
+                                           for n, t in scored.items()}
             if dense_run is None:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", baseline_key)
         if dense_primary:
@@ -140,8 +145,21 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
                              "prunebench.stability_excluded": json.dumps(excluded)})
         mlflow.log_metrics({k: v for k, v in metrics.items() if k not in logged})
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
-             summary(metrics, tasks), active.info.run_id, uri)
+             summary(metrics, tasks, withheld), active.info.run_id, uri)
     return metrics
+
+
+def withheld_tasks(tasks: dict, metrics: dict[str, float]) -> dict[str, str]:
+    """{task: why it has no headline number} for the tasks that say so (a judged task whose judge
+    failed on more than judge.max_failure_rate of its gradings), recorded in the run's
+    `prunebench.withheld` tag for the reports to name. Its metrics stay logged, for inspection."""
+    withheld = {name: reason for name, task in tasks.items()
+                if hasattr(task, "withheld") and (reason := task.withheld(metrics))}
+    for name, reason in withheld.items():
+        log.warning("task %s gets no headline number: %s", name, reason)
+    if withheld:
+        mlflow.set_tag(store.WITHHELD_TAG, json.dumps(withheld))
+    return withheld
 
 
 class DenseBaselineFailed(RuntimeError):
@@ -204,11 +222,11 @@ def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigEr
         log.exception("could not record the invalid job in the store")
 
 
-def summary(metrics: dict[str, float], tasks: dict) -> str:
-    """The numbers a sweep's reader scans for: each task's primary metric (the first few), then the
-    averages and what the pruning achieved."""
-    keys = [f"{name}/{task.primary}" for name, task in tasks.items() if task.metrics]
-    shown = [f"{key}={metrics[key]:.4g}" for key in keys[:4]]
+def summary(metrics: dict[str, float], tasks: dict, withheld: dict[str, str]) -> str:
+    """The numbers a sweep's reader scans for: each task's primary metric (the first few; `withheld`
+    for one with no headline number), then the averages and what the pruning achieved."""
+    keys = {f"{name}/{task.primary}": name for name, task in tasks.items() if task.metrics}
+    shown = [f"{key}=withheld" if name in withheld else f"{key}={metrics[key]:.4g}" for key, name in list(keys.items())[:4]]
     if len(keys) > 4:
         shown.append(f"... {len(keys) - 4} more")
     shown += [f"{key}={metrics[key]:.4g}" for key in ("avg/score", "stability/avg", "sparsity/actual") if key in metrics]
