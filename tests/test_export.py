@@ -40,19 +40,31 @@ def exported_folder(run_, tmp_path: Path) -> Path:
     return Path(mlflow.artifacts.download_artifacts(target, dst_path=str(tmp_path / run_.info.run_id)))
 
 
+def reloaded_run(folder: Path, task: list[str], family: str = "causal_lm", model: str = "hf_causal"):
+    """The exported folder evaluated as a dense model on `task`: (its metrics, its run)."""
+    metrics = run(compose_cfg([f"model={model}", f"model.path={folder}", f"model.family={family}", *task, *JOB,
+                               "pruner=none"]))
+    return metrics, last_run()
+
+
+def assert_same(pruned, reloaded, task: str, metrics: tuple[str, ...]) -> None:
+    """The same weights, shapes and tokenizer run the same kernels: equal bit for bit at fp32."""
+    for key in metrics:
+        assert reloaded.data.metrics[f"{task}/{key}"] == pruned.data.metrics[f"{task}/{key}"], key
+    def documents(run_):  # a generation task lists documents in its batches' order: by id
+        return sorted(read_predictions(run_.info.run_id, task), key=lambda record: record["doc_id"])
+
+    assert documents(reloaded) == documents(pruned)
+
+
 def round_trip(model: str, overrides: list[str], tmp_path: Path, family: str = "causal_lm"):
     """Runs the pruned job with export=true, then the export as a dense hf_causal model on the same
     documents; returns (pruned run, reloaded run, the folder, its pruning.json)."""
-    pruned_metrics = run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=true"]))
+    run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=true"]))
     pruned = last_run()
     folder = exported_folder(pruned, tmp_path)
-    reloaded_metrics = run(compose_cfg(["model=hf_causal", f"model.path={folder}", f"model.family={family}",
-                                        *TASK, *JOB, "pruner=none"]))
-    reloaded = last_run()
-    # the same weights, shapes and tokenizer run the same kernels: equal bit for bit at fp32
-    for key in ("local_mc/acc", "local_mc/acc_norm"):
-        assert reloaded_metrics[key] == pruned_metrics[key], key
-    assert read_predictions(reloaded.info.run_id, "local_mc") == read_predictions(pruned.info.run_id, "local_mc")
+    _, reloaded = reloaded_run(folder, TASK, family)
+    assert_same(pruned, reloaded, "local_mc", ("acc", "acc_norm"))
     return pruned, reloaded, folder, json.loads((folder / "pruning.json").read_text())
 
 
@@ -125,6 +137,42 @@ def test_tiny_mixtral_wanda_export_round_trips(store, tmp_path, calib):
     assert json.loads((folder / "config.json").read_text())["num_local_experts"] == 8
 
 
+def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib):
+    from prunebench.export_cli import main
+
+    run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib]))
+    pruned = last_run()
+    assert "prunebench.export" not in pruned.data.tags
+    assert main([pruned.info.run_id, "--tracking-uri", store]) == 0
+    pruned = MlflowClient().get_run(pruned.info.run_id)
+    folder = exported_folder(pruned, tmp_path)
+    assert json.loads((folder / "pruning.json").read_text())["run_id"] == pruned.info.run_id
+    _, reloaded = reloaded_run(folder, TASK)
+    assert_same(pruned, reloaded, "local_mc", ("acc", "acc_norm"))
+
+
+def test_prunebench_export_refuses_a_rebuild_that_differs_from_the_run(store, tmp_path, capsys):
+    from prunebench.export_cli import main
+
+    run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=magnitude"]))
+    pruned = last_run()
+    MlflowClient().log_metric(pruned.info.run_id, "params/nonzero", 12345.0, step=1)  # as if another model ran
+    assert main([pruned.info.run_id, "--tracking-uri", store]) == 1
+    assert "params/nonzero: run 12345.0" in capsys.readouterr().err
+    assert "prunebench.export" not in MlflowClient().get_run(pruned.info.run_id).data.tags
+    assert main(["no-such-run", "--tracking-uri", store]) == 2
+
+
+def test_tiny_llava_exports_with_its_processor(store, tmp_path):
+    task = ["task=easy_vqa", "trainer.enable_progress_bar=false"]
+    run(compose_cfg(["model=tiny-llava", *task, *JOB, "pruner=magnitude", "export=true"]))
+    pruned = last_run()
+    folder = exported_folder(pruned, tmp_path)
+    assert (folder / "processor_config.json").exists() or (folder / "preprocessor_config.json").exists()
+    _, reloaded = reloaded_run(folder, task, family="vlm", model="hf_vlm")
+    assert_same(pruned, reloaded, "easy_vqa", ("exact_match",))
+
+
 def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
     pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
     assert folder == tmp_path / "models" / pruned.info.run_id
@@ -154,3 +202,29 @@ def test_an_unwritable_export_dir_is_refused(tmp_path):
         from prunebench.validate import validate
 
         validate(compose_cfg([*TINY_MC, "export=true", f"export_dir={blocker / 'sub'}"]))
+
+
+def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tmp_path):
+    """CLIP derives its head size from hidden_size / num_attention_heads, so a tower with fewer heads
+    is stored at the config's count, the removed ones as zeros: the reloaded model computes the
+    pruned one's logits exactly (a zero head adds 0.0 to every sum)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from prunebench.models.cache import get_model
+    from prunebench.models.export import mark_layers, widths, write_pretrained
+    from test_vlm_pruning import image_inputs, pruned
+
+    base = get_model(compose_cfg(["model=tiny-llava"]).model)
+    before = widths(base.model)
+    mark_layers(base.model)
+    sliced, _ = pruned(base, ["pruner=heads_l2", "pruner.tower=vision"], 0.25)  # 2 of the 8 CLIP heads
+    assert sum(p.numel() for p in sliced.model.parameters()) < sum(p.numel() for p in base.model.parameters())
+    pruning = write_pretrained(sliced, tmp_path, {"run_id": "test"}, before)
+    assert pruning["padded"] and "vision attention" in pruning["storage"][0]
+    assert sum(layer["heads"] for layer in pruning["structure"]["vision"]["after"]) == 6
+    again = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()
+    assert again.config.vision_config.num_attention_heads == 4
+    inputs = image_inputs(sliced)
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, sliced.model(**inputs).logits)
