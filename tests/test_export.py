@@ -137,12 +137,16 @@ def test_tiny_mixtral_wanda_export_round_trips(store, tmp_path, calib):
     assert json.loads((folder / "config.json").read_text())["num_local_experts"] == 8
 
 
-def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib):
+def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib, caplog):
     from prunebench.export_cli import main
 
     run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib]))
     pruned = last_run()
     assert "prunebench.export" not in pruned.data.tags
+    # export=true does not change the run key: the finished run is skipped, and the log says what to run
+    with caplog.at_level("WARNING", logger="prunebench.job"):
+        assert run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib, "export=true"])) is None
+    assert f"prunebench-export {pruned.info.run_id}" in caplog.text
     assert main([pruned.info.run_id, "--tracking-uri", store]) == 0
     pruned = MlflowClient().get_run(pruned.info.run_id)
     folder = exported_folder(pruned, tmp_path)
@@ -228,3 +232,24 @@ def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tm
     inputs = image_inputs(sliced)
     with torch.no_grad():
         assert torch.equal(again(**inputs).logits, sliced.model(**inputs).logits)
+
+
+def test_bert_heads_are_padded_back_to_the_config_count(tmp_path):
+    """BERT, like CLIP, cannot state fewer heads than hidden_size / head size: stored at full count."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from prunebench.models.attention import attention_heads
+    from prunebench.models.cache import get_model
+    from prunebench.models.export import widths, write_pretrained
+    from prunebench.pruners.heads import prune_heads
+
+    loaded = get_model(compose_cfg(["model=tiny-bert-cls"]).model)
+    before = widths(loaded.model)
+    prune_heads(loaded.model, attention_heads(loaded.model), [{0}, {1, 2}])
+    pruning = write_pretrained(loaded, tmp_path, {}, before)
+    assert [layer["heads"] for layer in pruning["structure"]["language"]["after"]] == [3, 2] and pruning["padded"]
+    ids = torch.randint(3, 400, (2, 12), generator=torch.Generator().manual_seed(0))
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
