@@ -1,4 +1,4 @@
-"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> log. Thin on purpose:
+"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> (export) -> log. Thin on purpose:
 each step lives in the module named for it."""
 
 from __future__ import annotations
