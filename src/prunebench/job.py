@@ -1,4 +1,4 @@
-"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> log. Thin on purpose:
+"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> (export) -> log. Thin on purpose:
 each step lives in the module named for it."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
+from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.base import Pruner
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
@@ -86,6 +88,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         done = store.finished_run(uri, exp_id, key)
         if done:
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
+            if cfg.get("export"):
+                log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
+                            "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
@@ -245,6 +250,33 @@ def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
+def prune(cfg: DictConfig, dense: bool, exporting: bool = False
+          ) -> tuple[LoadedModel, Pruner, dict[str, float | str], dict | None]:
+    """The model loaded and pruned as `cfg` says, scores from the score cache where it has them:
+    what a job evaluates and `prunebench-export` rebuilds. Returns the model, the pruner, what
+    pruning reported (numbers: metrics; words: tags, the score cache's state among them) and, when
+    `exporting`, the model's widths before pruning (models/export.widths, for pruning.json)."""
+    from prunebench.models.export import mark_layers, widths
+
+    loaded = get_model(cfg.model)
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    before = widths(loaded.model) if exporting else None
+    if exporting:
+        mark_layers(loaded.model)
+    start = time.perf_counter()
+    scores, stats = None, {}
+    if not dense:
+        calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
+        scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
+        stats["prunebench.score_cache"] = "off" if not pruner.cacheable else "hit" if hit else "miss"
+    stats["time/score_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    stats.update({} if dense else pruner.apply(loaded, scores, float(cfg.sparsity)))
+    stats["time/apply_s"] = time.perf_counter() - start
+    stats.setdefault("sparsity/actual", 0.0)
+    return loaded, pruner, stats, before
+
+
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
     metrics, the names already logged (each task's, as soon as it finished) and each task's
@@ -252,25 +284,12 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     from prunebench.models.introspection import count_parameters
 
     memory.reset_peaks()
-    loaded = get_model(cfg.model)
-    pruner = instantiate(cfg.pruner, _convert_="all")
-    metrics: dict[str, float] = {}
+    loaded, pruner, stats, before = prune(cfg, dense, bool(cfg.get("export")))
     logged: set[str] = set()
     documents: dict[str, dict] = {}
-    start = time.perf_counter()
-    scores = None
-    if not dense:
-        calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
-        scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
-        mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
-    metrics["time/score_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))
-    metrics["time/apply_s"] = time.perf_counter() - start
-    metrics.setdefault("sparsity/actual", 0.0)
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
-    metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
+    metrics = {key: value for key, value in stats.items() if not isinstance(value, str)}
     metrics["params/total"] = float(count_parameters(loaded.model))
     metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()
@@ -293,6 +312,12 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
             (mlflow.log_text if isinstance(artifact, str) else mlflow.log_dict)(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
+    if before is not None:  # export=true; before the benchmark, which may swap weights for sparse kernels' formats
+        from prunebench.export import export_model
+
+        start = time.perf_counter()
+        export_model(cfg, loaded, stats, before, mlflow.active_run().info.run_id)
+        metrics["time/export_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark
 
