@@ -19,6 +19,7 @@ import mlflow
 import pytest
 
 from conftest import MC_FIXTURE, compose_cfg
+from prunebench.export_cli import main as export_main
 from prunebench.plan import main as plan_main
 from prunebench.report.cli import main as report_main
 
@@ -83,13 +84,21 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
     for name in LOCAL_FILES:
         shutil.copy(MC_FIXTURE, tmp_path / name)
     monkeypatch.syspath_prepend(str(MYLAB))
+    mlflow.set_tracking_uri(store)
     ran, planned, reports = [], [], []
     for tool, *arguments in readme_commands:
         if tool in ("make", "export", "pip"):  # the CI's own steps; a sign-in for a server not here; an install
             continue
-        assert tool in ("prunebench", "prunebench-plan", "prunebench-report"), f"README runs an unknown tool: {tool}"
+        assert tool in ("prunebench", "prunebench-plan", "prunebench-report", "prunebench-export"), \
+            f"README runs an unknown tool: {tool}"
         if tool == "prunebench-report":
             reports.append(arguments)
+        elif tool == "prunebench-export":  # RUN_ID: the run the README's export=true example made
+            exported = mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time DESC"],
+                                          filter_string="tags.`hydra.overrides` LIKE '%export=true%'").run_id[0]
+            arguments = [exported if a == "RUN_ID" else str(tmp_path / a) if a == "exports" else a for a in arguments]
+            assert export_main([*arguments, "--tracking-uri", store]) == 0, arguments
+            assert (tmp_path / "exports" / exported / "pruning.json").is_file()
         elif tool == "prunebench-plan" or not is_real_run(arguments):
             shown = io.StringIO()
             with contextlib.redirect_stdout(shown):
@@ -107,7 +116,6 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
     for arguments in reports:
         assert report_main(arguments) == 0, arguments
     # the local-file example's template reaches the prompt with a newline, not a backslash and an n
-    mlflow.set_tracking_uri(store)
     run_id = mlflow.search_runs(experiment_names=["prunebench"],  # the pruned run and its dense baseline
                                 filter_string="tags.`hydra.overrides` LIKE '%doc_to_text%'").run_id[0]
     records = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/local_mc.jsonl").splitlines()
