@@ -124,6 +124,6 @@ def test_sweep_report_averages_a_suite_evaluated_task_by_task(store, glue_dir):
     assert "report/suite_glue_mc.csv" in arts
     children = runs[runs["tags.prunebench.sweep"].isna()]
     summary = (report / "suite_glue_mc.csv").read_text().splitlines()
-    assert summary[0].startswith("model,pruner,sparsity,sst2_mc/acc,rte_mc/acc,avg/score")
+    assert summary[0].startswith("setting,model,pruner,sparsity,sst2_mc/acc,rte_mc/acc,avg/score")
     assert len(summary) == 2 and ",2/8,True," in summary[1]
-    assert float(summary[1].split(",")[5]) == pytest.approx(children["metrics.avg/score"].mean())
+    assert float(summary[1].split(",")[6]) == pytest.approx(children["metrics.avg/score"].mean())
