@@ -52,16 +52,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _slurm_state(job: str) -> str | None:
-    """SLURM's word on a job, or None where squeue cannot say (no SLURM on this host)."""
+def slurm_states(job: str) -> dict[str, str] | None:
+    """SLURM's word on a job, or on each task of an array job (`-r`: one line per task), by the id
+    squeue prints (1234_5); None where squeue cannot say (no SLURM on this host). A job SLURM no
+    longer lists (or refuses as invalid) has ended: it is absent from the answer."""
     if shutil.which("squeue") is None:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T"], capture_output=True, text=True,
+                             timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    # a job SLURM no longer lists (or refuses as invalid) has ended
-    return (out.stdout.split() or ["GONE"])[0] if out.returncode == 0 or "Invalid job id" in out.stderr else None
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        return None
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+
+
+def _slurm_state(job: str) -> str | None:
+    states = slurm_states(job)
+    return None if states is None else states.get(job, "GONE")
 
 
 def holder_gone(run, me: str, stale_s: float) -> str | None:
