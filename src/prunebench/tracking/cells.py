@@ -29,6 +29,7 @@ class Cell:
     job: dict = field(default_factory=dict)  # the job's own tag: state, worker, start, end, error
     state: str = "waiting"  # done | running | failed | waiting | killed | submitting
     detail: str = ""
+    slurm_state: str | None = None  # squeue's word on its task (GONE: no longer listed); None: no answer
     # False where this host cannot tell a requeued SLURM task from a dead one (no squeue here)
     certain: bool = True
 
@@ -83,6 +84,8 @@ def read_cells(client: MlflowClient, run_id: str, stale_s: float) -> list[Cell]:
 def judge(cell: Cell, slurm: dict[str, str] | None, run, stale_s: float, submitted: bool) -> None:
     """Sets the cell's state and detail from its job's tag, SLURM's word and its claim's run."""
     state = cell.job.get("state")
+    if cell.slurm and slurm is not None:
+        cell.slurm_state = slurm.get(cell.slurm, "GONE")
     if state in DONE:
         cell.state = "done"
         cell.detail = f"{cell.duration_s:.0f} s" if cell.duration_s is not None else "already FINISHED: not run again"
@@ -93,7 +96,7 @@ def judge(cell: Cell, slurm: dict[str, str] | None, run, stale_s: float, submitt
     if not submitted:
         cell.state, cell.detail = "submitting", "not yet handed to SLURM"
         return
-    word = None if cell.slurm is None or slurm is None else slurm.get(cell.slurm, "GONE")
+    word = cell.slurm_state
     if word is not None and word not in claim.SLURM_ALIVE:
         cell.state = "killed"
         cell.detail = f"SLURM {word}: " + ("stopped by a signal" if state == KILLED else "ended without a word"
@@ -118,6 +121,9 @@ def judge(cell: Cell, slurm: dict[str, str] | None, run, stale_s: float, submitt
         cell.state, cell.detail, cell.certain = "killed", "stopped by a signal", cell.slurm is None
         if cell.slurm:
             cell.detail += " (no squeue on this host: a requeue cannot be told apart)"
+        return
+    if word == "COMPLETING":  # its processes are being ended: not yet known to be over
+        cell.state, cell.detail = "running", "SLURM COMPLETING: ending"
         return
     cell.state = "running" if word == "RUNNING" else "waiting"
     cell.detail = (f"SLURM {word}" if word else "") + (" (requeued after a signal)" if state == KILLED else "")
