@@ -58,7 +58,7 @@ def app(cfg: DictConfig) -> None:
         else:  # the job's state on its sweep's parent (prunebench-status), and a detached sweep's closing
             server.export_http_settings(cfg.tracking)
             with job_state(store.tracking_uri(cfg.tracking.uri), parent, HydraConfig.get().job.num,
-                           cfg.tracking.claim.stale_s) as end:
+                           " ".join(overrides), cfg.tracking.claim.stale_s) as end:
                 end.skipped = run(cfg, overrides, parent) is None
     except ConfigError as err:
         log.error("invalid config: %s", err)

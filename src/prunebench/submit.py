@@ -10,7 +10,7 @@ import os
 from typing import Callable, Sequence
 
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict, read_write
 
 from prunebench.inputs import job_inputs
 from prunebench.tracking import claim, store
@@ -31,8 +31,11 @@ def cells_left(job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
     for num, overrides in enumerate(job_overrides, start=initial_job_idx):
         try:
             cfg = compose(list(overrides))
+            with read_write(cfg), open_dict(cfg):  # the job's config, as Hydra's run_job hands it over
+                del cfg["hydra"]
             key = run_key(cfg, job_inputs(cfg, validate(cfg)))
-        except Exception:
+        except Exception as err:
+            log.warning("submitting #%d without looking for its runs: %s: %s", num, type(err).__name__, err)
             left[num] = list(overrides)
             continue
         answer = answered(cfg, key) if cfg.tracking.skip_existing and parent else None

@@ -75,7 +75,8 @@ def read_cells(client: MlflowClient, run_id: str, stale_s: float) -> list[Cell]:
         max_results=1000)}
     cells = []
     for num in sorted(arrays.keys() | jobs.keys()):
-        cell = Cell(num, arrays.get(num, {}).get("overrides", ""), arrays.get(num, {}).get("slurm"), jobs.get(num, {}))
+        job = jobs.get(num, {})
+        cell = Cell(num, arrays.get(num, {}).get("overrides", job.get("overrides", "")), arrays.get(num, {}).get("slurm"), job)
         judge(cell, slurm, running.get(cell.job.get("worker")), stale_s, submitted=num not in arrays or bool(cell.slurm))
         cells.append(cell)
     return cells

@@ -14,7 +14,7 @@ from statistics import mean
 from mlflow.tracking import MlflowClient
 
 from prunebench.tracking import cells, claim, store
-from prunebench.tracking.sweep import DETACHED_TAG, STALE_TAG, close_if_done
+from prunebench.tracking.sweep import DETACHED_TAG, STALE_TAG, SUBMITTED_TAG, close_if_done
 
 STATES = ("done", "running", "failed", "waiting", "killed", "submitting")
 
@@ -69,6 +69,8 @@ def format_status(parent, found: list[cells.Cell]) -> str:
     shared = [o for o in grid[0] if all(o in g for g in grid)] if len(grid) > 1 else []
     lines = [f"sweep {parent.info.run_id}: {parent.info.status}"
              + (", detached" if tags.get(DETACHED_TAG) == "true" else "")
+             + (", still being submitted" if tags.get(DETACHED_TAG) == "true" and tags.get(SUBMITTED_TAG) != "true"
+                and parent.info.status == "RUNNING" else "")
              + (f", SLURM job {', '.join(jobs)}" if jobs else "") + f"; {tags.get('hydra.sweep_dir', '')}",
              f"every cell: {' '.join(shared) or tags.get('hydra.overrides', '')}",
              f"{'#':>4}  {'state':<10}  {'slurm':<10}  {'detail':<50}  overrides"]

@@ -41,6 +41,8 @@ DETACHED_TAG = "prunebench.detached"
 # what a closer of a detached sweep needs that only the submitting process's config knew
 REPORT_TAG, STALE_TAG = "prunebench.report", "prunebench.stale_s"
 CLOSER_PARAM = "prunebench.closed_by"
+# set once the launcher has handed every cell to SLURM: before it, no cell count is complete
+SUBMITTED_TAG = "prunebench.submitted"
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
@@ -61,6 +63,7 @@ class SweepRunCallback(Callback):
     def __init__(self, report: str | None = None, planner: str | None = None) -> None:
         self.report, self.planner = report, planner
         self.run_id: str | None = None
+        self.submitted = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
@@ -86,14 +89,16 @@ class SweepRunCallback(Callback):
             "git.sha": store.git_sha(), **(detached if self.detached else {})})
         self.run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.run_id
-        if not self.detached:  # a detached sweep outlives this process: its cells close it
-            atexit.register(self.close)
+        # a detached sweep outlives this process (its cells close it) unless its submission failed
+        atexit.register(self.abandon if self.detached else self.close)
         log.info("sweep parent run %s", self.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if not self.detached:
             self.close()
             return
+        MlflowClient(self.uri).set_tag(self.run_id, SUBMITTED_TAG, "true")
+        self.submitted = True
         # every cell may have ended already (or none was left to submit): then no job closes it
         close_if_done(self.uri, self.run_id, self.stale_s)
         parent = MlflowClient(self.uri).get_run(self.run_id)
@@ -105,6 +110,14 @@ class SweepRunCallback(Callback):
               f"state: prunebench-status {self.run_id} --uri {absolute_uri(self.uri)}\n"
               f"report: written by the last cell to end, to {self.sweep_dir / 'report'} and under report/ "
               f"in the parent run", flush=True)
+
+    def abandon(self) -> None:
+        """A detached sweep whose submission broke off (sbatch refused, Ctrl-C) ends FAILED here:
+        no cell of it would ever close it."""
+        if self.run_id is not None and not self.submitted:
+            client = MlflowClient(self.uri)
+            client.set_tag(self.run_id, "prunebench.error", "the submission did not complete")
+            client.set_terminated(self.run_id, "FAILED")
 
     def close(self) -> None:
         if self.run_id is None:
@@ -152,7 +165,8 @@ def close_if_done(uri: str, run_id: str, stale_s: float) -> bool:
     module's docstring); True when it closed it."""
     client = MlflowClient(uri)
     parent = client.get_run(run_id)
-    if (parent.info.status != "RUNNING" or parent.data.tags.get(DETACHED_TAG) != "true"
+    tags = parent.data.tags
+    if (parent.info.status != "RUNNING" or tags.get(DETACHED_TAG) != "true" or tags.get(SUBMITTED_TAG) != "true"
             or CLOSER_PARAM in parent.data.params):
         return False
     stale_s = float(parent.data.tags.get(STALE_TAG, stale_s))
@@ -180,12 +194,12 @@ class JobEnd:
 
 
 @contextmanager
-def job_state(uri: str, parent_run_id: str, num: int, stale_s: float):
+def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: float):
     """Around one sweep job: its state on the parent (`cells`), then, when its sweep is detached,
     the sweep's closing if this was its last cell to end. A job stopped by a signal (KILLED) may be
     requeued, so it never closes: the next job to end or `prunebench-status` does."""
     client = MlflowClient(uri)
-    state = {"state": "RUNNING", "worker": claim.worker_id(), "start": time.time()}
+    state = {"state": "RUNNING", "worker": claim.worker_id(), "start": time.time(), "overrides": overrides}
     cells.job_tag(client, parent_run_id, num, state)
     end = JobEnd()
     try:
