@@ -167,7 +167,7 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
 # 12 cells of a few seconds each: magnitude keys each sparsity once
 DETACHED = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
             "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, 13)),
-            "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=1", "hydra/launcher=submitit_slurm_detached",
+            "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_slurm", "detach=true",
             "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
 ROW = re.compile(r"^\s*(\d+)\s+(done|running|failed|waiting|killed|submitting)\s+(\S+)\s+(.*)$")
 

@@ -1,8 +1,8 @@
-"""`hydra/launcher=submitit_slurm_detached` (and `slurm_gpu`, which builds on it): the plugin's SLURM
-launcher, submitting only the cells not done yet (`prunebench.submit`), that with `detach: true`
-returns once SLURM has the array instead of waiting for every task. The jobs then close the sweep
-themselves (`prunebench.tracking.sweep.close_if_done`). No `from __future__ import annotations`:
-Hydra executes plugin modules outside sys.modules, where dataclasses cannot resolve string annotations.
+"""`hydra/launcher=prunebench_slurm` (and `slurm_gpu`, which builds on it): the plugin's SLURM
+launcher, submitting only the cells not done yet (`prunebench.submit`), that under the prunebench
+key `detach=true` returns once SLURM has the array instead of waiting for every task. The jobs then
+close the sweep themselves (`prunebench.tracking.sweep.close_if_done`). The switch is a prunebench
+key, not a launcher option, because the plugin's structured config accepts no key of its own.
 
 The plugin builds its executor and waits inside one method (`launch`) with no hook between, so the
 submission is written here against submitit's public API as the plugin uses it: the same folder,
@@ -10,36 +10,19 @@ the same parameters under the same names, the same callable (this launcher) per 
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class DetachableSlurmQueueConf(SlurmQueueConf):
-    _target_: str = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
-    # true: submit the array and return; the cells close the sweep (docs/cluster.md)
-    detach: bool = True
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="submitit_slurm_detached",
-                             node=DetachableSlurmQueueConf(), provider="prunebench")
-
-
 class DetachableSlurmLauncher(SlurmLauncher):
-    def __init__(self, detach: bool = True, **params: Any) -> None:
-        super().__init__(**params)
-        self.detach = detach
-
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from prunebench.submit import cells_left
 
@@ -49,7 +32,7 @@ class DetachableSlurmLauncher(SlurmLauncher):
         log.info("submitting %d of %d cell(s); the others are done or running elsewhere", len(left), len(job_overrides))
         if not left:
             return []
-        if not self.detach:  # the plugin's own launch, which waits (its jobs numbered from the first left)
+        if not self.config.get("detach"):  # the plugin's own launch, which waits (its jobs numbered from the first left)
             return super().launch(list(left.values()), initial_job_idx)
         self.submit(left)
         return []  # nothing to wait for: each job records its own end on the sweep's parent

@@ -13,7 +13,7 @@ from prunebench.cache import content_key
 # Fields that change where or how fast a job runs, never its numbers.
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
 # `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data", "judge")
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge")
 # model-config keys that never change a job's numbers
 MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
 # judge-config keys that say how to reach the judge, not which model grades

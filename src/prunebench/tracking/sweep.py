@@ -5,7 +5,7 @@ Children find the parent through an environment variable, which joblib workers i
 sweep's report is built by the function the config names (`report`), so tracking imports nothing
 of the report, which reads tracking's runs.
 
-A detached sweep (`hydra.launcher.detach=true`: the submitting process returns once SLURM has the
+A detached sweep (`detach=true`: the submitting process returns once SLURM has the
 array) is closed by whichever process finds every cell ended: the last job to end, or
 `prunebench-status`. Exactly one closes it: closing begins by logging the parameter
 `prunebench.closed_by` with a value of the closer's own. MLflow parameters cannot change once
@@ -43,6 +43,7 @@ REPORT_TAG, STALE_TAG = "prunebench.report", "prunebench.stale_s"
 CLOSER_PARAM = "prunebench.closed_by"
 # set once the launcher has handed every cell to SLURM: before it, no cell count is complete
 SUBMITTED_TAG = "prunebench.submitted"
+DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
@@ -80,7 +81,11 @@ class SweepRunCallback(Callback):
         # absolute: a detached sweep's closer may run in another working directory
         self.sweep_dir = Path(config.hydra.sweep.dir).absolute()  # HydraConfig is not set yet here
         self.stale_s = config.tracking.claim.stale_s
-        self.detached = bool(config.hydra.launcher.get("detach", False))
+        self.detached = bool(config.get("detach"))
+        if self.detached and config.hydra.launcher.get("_target_") != DETACHABLE:
+            raise SystemExit(f"prunebench: invalid config: detach=true needs hydra/launcher=prunebench_slurm or "
+                             f"slurm_gpu (the launcher that returns once SLURM has the array), not "
+                             f"{config.hydra.launcher.get('_target_')}")
         exp_id = store.experiment_id(uri, self.experiment)
         overrides = " ".join(config.hydra.overrides.task)
         detached = {DETACHED_TAG: "true", REPORT_TAG: self.report or "", STALE_TAG: str(self.stale_s)}
