@@ -6,9 +6,11 @@ STAMP := $(VENV)/.installed
 # The only torch/torchvision pair whose wheels import together on these machines (see DESIGN.md).
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 # The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks, the
-# first LIMIT documents of each (CI runs the same sweep with fewer).
+# first LIMIT documents of each (CI runs the same sweep with fewer). bf16 where the CPU computes it
+# natively (model.dtype=auto; 2.6x faster on an AVX512-BF16 CPU, and lm-eval's HF default for Gemma),
+# else fp32; the report's headings say which ran.
 LIMIT ?= 40
-RUN_ARGS ?= -m model=gemma3-270m pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=$(LIMIT)
+RUN_ARGS ?= -m model=gemma3-270m model.dtype=auto pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=$(LIMIT)
 
 # a team's MLflow server (PostgreSQL, basic auth, proxied artifacts) under SERVER_DIR; data kept across restarts
 SERVER_DIR ?= mlflow-server

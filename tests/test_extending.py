@@ -1,4 +1,4 @@
-"""The README's "how to add" recipes, held true: a multiple-choice task from a JSONL is one config
+"""The "how to add" recipes of docs/architecture.md, held true: a multiple-choice task from a JSONL is one config
 file, and a new request kind is one engine plus its registration, run through the whole job."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from prunebench.evaluation import registry
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "pruner=none"]
 
-# The README's recipe: this file as conf/task/capitals.yaml (here in a folder on Hydra's search path)
+# docs/architecture.md's recipe: this file as conf/task/capitals.yaml (here in a folder on Hydra's search path)
 CAPITALS = f"""
 name: capitals
 tasks:

@@ -136,6 +136,12 @@ def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_p
             assert run.info.status == "FINISHED"
             assert run.data.tags["prunebench.judge"] == "test-judge" and f"prunebench.judge_prompt.{name}" in run.data.tags
             assert metrics[f"{name}/judge_unparsed"] == 1 and metrics[f"{name}/judge_cache_hits"] == 0
+            # 1 of 6 gradings unreadable is over the default 5%: the number is logged, but no headline
+            assert metrics[f"{name}/judge_grades"] == 6 and metrics[f"{name}/judge_failure_rate"] == pytest.approx(1 / 6)
+            assert "avg/score" not in metrics and "avg/score" not in run.data.metrics
+            assert json.loads(run.data.tags["prunebench.avg_metrics"]) == {}
+            assert json.loads(run.data.tags["prunebench.withheld"]) == {name: (
+                "judge failure rate 0.167 (1 of 6 gradings unreadable) exceeds judge.max_failure_rate=0.05")}
             path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=f"predictions/{name}.jsonl")
             records = [json.loads(line) for line in open(path)]
             assert len(records) == 6 and all(r["judge_reply"] for r in records)
@@ -159,6 +165,87 @@ def test_judged_tasks_run_on_tiny_llava_with_an_unparseable_reply_recorded(tmp_p
         retries = [b for b in server.requests if "What is 2? |" in user_text(b)]
         assert [b["temperature"] for b in retries] == [0.0, 0.0, 0.5, 1.0, 1.5]
         assert user_text(retries[1]).endswith("\nPredict the correctness of the answer (digit): ")
+    # the reports leave both out of their tables and say why, under them
+    from prunebench.report.build import write_report
+
+    out = write_report("prunebench", None, tmp_path / "report", layout="paper")
+    for page in ("results.md", "paper.md"):
+        text = (out / page).read_text()
+        assert "No headline number (left out of the tables, avg/score and stability):" in text
+        for name in ("llava_bench_coco", "mm_vet"):
+            assert (f"- {name}, tiny-llava | none | 0.0 (run " in text
+                    and "judge failure rate 0.167 (1 of 6 gradings unreadable) exceeds judge.max_failure_rate=0.05" in text)
+        assert "gpt_eval" not in text.split("No headline number")[0]  # no column of a withheld task
+
+
+def test_judge_repeats_grade_each_answer_again_with_a_cache_entry_per_repeat(tmp_path, store):
+    """LLaVA-Bench graded twice by a judge that scores (8, 6) the first time it sees a review and
+    (8, 4) the second: the score is the mean of 75 and 50 and the spread their std; a second run reads
+    each repeat's own grade back from the cache. With max_failure_rate above 1 of 12 the headline stays."""
+    data, images = write_vlm_data(tmp_path / "data")
+    seen = {}
+
+    def script(body, auth):
+        text = user_text(body)
+        seen[text] = seen.get(text, 0) + 1
+        if seen[text] == 1:
+            return 200, "8 6\nfine"
+        return 200, "I cannot tell." if "[Question]\nQuestion 0?" in text else "8 4\nless so"
+
+    name = "llava_bench_coco"
+    overrides = ["model=tiny-llava", f"task={name}", f"data_dir={data}", *QUIET, f"task.tasks.{name}.image_dir={images}",
+                 f"task.tasks.{name}.max_gen_toks=8", "judge.repeats=2", "judge.max_failure_rate=0.1"]
+    with ChatServer(script) as server:
+        metrics = job.run(compose_cfg([*overrides, *judge_overrides(server.url)]))
+        assert len(server.requests) == 12  # 6 answers x 2 repeats: no repeat read the first grading back
+        run = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["start_time DESC"])[0]
+        # repeat 0: 5 x (8, 6) and question 0's (8, 6); repeat 1: 5 x (8, 4) and question 0 unread (-1, -1)
+        first, second = 6 / 8 * 100, (5 * 4 - 1) / (5 * 8 - 1) * 100
+        assert metrics[f"{name}/gpt_eval_llava_all"] == pytest.approx((first + second) / 2)
+        assert metrics[f"{name}/gpt_eval_llava_all_repeat_std"] == pytest.approx(abs(first - second) / 2)  # ddof 0
+        assert metrics[f"{name}/judge_grades"] == 12 and metrics[f"{name}/judge_unparsed"] == 1
+        assert metrics[f"{name}/judge_failure_rate"] == pytest.approx(1 / 12)
+        assert metrics["avg/score"] == metrics[f"{name}/gpt_eval_llava_all"]  # 1/12 is within 0.1
+        assert "prunebench.withheld" not in run.data.tags
+        path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=f"predictions/{name}.jsonl")
+        records = [json.loads(line) for line in open(path)]
+        assert [r["scores"] for r in records] == [[8.0, 6.0]] * 6
+        assert {r["prompt"]: [[g["repeat"], g["scores"]] for g in r["judge_repeats"]] for r in records} == {
+            f"Question {i}?": [[1, [-1.0, -1.0] if i == 0 else [8.0, 4.0]]] for i in range(6)}
+        reviews = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="judge")
+        assert summarize_gpt_review(Path(reviews) / f"review_{name}.jsonl")["all"] == 75.0
+        assert summarize_gpt_review(Path(reviews) / f"review_{name}_repeat1.jsonl")["all"] == pytest.approx(second, abs=0.05)
+        # again, in another experiment: every grading read from the cache, each repeat its own
+        again = job.run(compose_cfg([*overrides, *judge_overrides(server.url), "tracking.experiment=again"]))
+        assert len(server.requests) == 12 and again[f"{name}/judge_cache_hits"] == 12
+        assert again[f"{name}/gpt_eval_llava_all"] == metrics[f"{name}/gpt_eval_llava_all"]
+
+
+def test_mm_vet_repeats_give_the_mean_and_spread_of_its_total_score(tmp_path):
+    """MM-Vet's evaluator: each run's total score, their mean, numpy's std of them."""
+    task = judged_task(tmp_path, "mm_vet", lambda repeat, messages: ["0.5", "1.0", "0.0"][repeat], repeats=3)
+    records = [task.process_results(r, ["An answer."]) for r in task.instances()]
+    values, stderrs = task.corpus_metrics(records)
+    assert values["gpt_eval_score"] == pytest.approx(50.0)
+    assert values["gpt_eval_score_repeat_std"] == pytest.approx(40.82482904638631)  # np.std([50, 100, 0])
+    assert values["judge_grades"] == 18 and values["judge_failure_rate"] == 0
+    assert stderrs["gpt_eval_score"] == 0  # every document's mean over repeats is 0.5
+    assert [g["score"] for g in task.grades(records[0])] == [0.5, 1.0, 0.0]
+    # graded once (the default), the record and the metrics are what they were before repeats existed
+    once = judged_task(tmp_path / "once", "mm_vet", "0.5")
+    record = once.process_results(once.instances(1)[0], ["An answer."])
+    assert "judge_repeats" not in record and record["score"] == 0.5
+    assert "gpt_eval_score_repeat_std" not in once.corpus_metrics([record])[0]
+
+
+def test_judge_options_are_checked_before_anything_loads(tmp_path):
+    data, images = write_vlm_data(tmp_path / "data")
+    base = ["model=tiny-llava", "task=mm_vet", f"data_dir={data}", f"task.tasks.mm_vet.image_dir={images}",
+            *judge_overrides("http://127.0.0.1:9/v1")]
+    with pytest.raises(ConfigError, match=r"judge.repeats=0: give a whole number of gradings per answer, 1 or more"):
+        build_tasks(compose_cfg([*base, "judge.repeats=0"]))
+    with pytest.raises(ConfigError, match=r"judge.max_failure_rate=5: give a share between 0 and 1"):
+        build_tasks(compose_cfg([*base, "judge.max_failure_rate=5"]))
 
 
 def test_the_run_key_follows_the_judge_model_not_where_it_is_served():
@@ -170,32 +257,38 @@ def test_the_run_key_follows_the_judge_model_not_where_it_is_served():
     served = key(*judge_overrides("http://127.0.0.1:1/v1"))
     assert served == key(*judge_overrides("http://10.0.0.2:8000/v1"), "judge.max_retries=9")
     assert served != key(*judge_overrides("http://127.0.0.1:1/v1"), "judge.model=another-judge")
+    # repeats change the numbers, the failure limit the headline; at their defaults, the key of before
+    assert served != key(*judge_overrides("http://127.0.0.1:1/v1"), "judge.repeats=3")
+    assert served != key(*judge_overrides("http://127.0.0.1:1/v1"), "judge.max_failure_rate=0.2")
+    assert served == run_key(compose_cfg(["model=tiny-llava", "task=mm_vet", *judge_overrides("http://127.0.0.1:1/v1"),
+                                          "~judge.repeats", "~judge.max_failure_rate"]))
     # a task no judge grades keeps its key whether a judge is set or not
     assert run_key(compose_cfg(["model=tiny-llava", "task=easy_vqa"])) == run_key(
         compose_cfg(["model=tiny-llava", "task=easy_vqa", *judge_overrides("http://127.0.0.1:1/v1")]))
 
 
 class RecordingJudge:
-    """A judge that answers a fixed reply and keeps the messages it was sent."""
+    """A judge that answers a fixed reply (or `text(repeat, messages)`) and keeps the messages it was sent."""
 
     model = "recording-judge"
+    max_failure_rate = 0.05
 
-    def __init__(self, text):
-        self.text, self.messages = text, []
+    def __init__(self, text, repeats=1):
+        self.text, self.messages, self.repeats = text, [], repeats
 
     def check(self):
         pass
 
-    def reply(self, messages, temperature, max_tokens):
+    def reply(self, messages, temperature, max_tokens, repeat=0):
         self.messages.append(messages)
-        return SimpleNamespace(text=self.text, cached=False)
+        return SimpleNamespace(text=self.text(repeat, messages) if callable(self.text) else self.text, cached=False)
 
 
-def judged_task(tmp_path, name, reply):
+def judged_task(tmp_path, name, reply, repeats=1):
     data, images = write_vlm_data(tmp_path / "data")
     task = build_tasks(compose_cfg(["model=tiny-llava", f"data_dir={data}", *judge_overrides("http://127.0.0.1:9/v1"),
                                     f"task={name}", f"task.tasks.{name}.image_dir={images}"]))[name]
-    task.judge = RecordingJudge(reply)
+    task.judge = RecordingJudge(reply, repeats)
     return task
 
 
@@ -237,3 +330,27 @@ def test_the_reviews_file_is_llavas_review_jsonl(tmp_path, name, prefix):
     assert reviews[0] == {"id": 1, "question_id": records[0]["question_id"], "category": prefix + records[0]["category"],
                           "content": "8 6\nBoth fine.", "tuple": [8.0, 6.0]}
     assert summarize_gpt_review(tmp_path / "review.jsonl")["all"] == 75.0
+
+
+def test_a_dense_number_withheld_gives_a_pruned_run_no_stability_for_that_task(tmp_path, store):
+    """The dense run's judge failed on 1 of 6 answers (withheld); the pruned run's judge read them all:
+    its number is a headline, but pruned / dense has no dense number to rest on."""
+    data, images = write_vlm_data(tmp_path / "data")
+    failing = {"on": True}
+
+    def script(body, auth):
+        if failing["on"] and "What is 2? |" in user_text(body):
+            return 200, "I cannot tell."
+        return benchmark_judge(body, auth)
+
+    base = ["model=tiny-llava", "task=mm_vet", f"data_dir={data}", *QUIET[:2], f"task.tasks.mm_vet.image_dir={images}",
+            "task.tasks.mm_vet.max_gen_toks=8"]
+    with ChatServer(script) as server:
+        dense = job.run(compose_cfg([*base, "pruner=none", *judge_overrides(server.url)]))
+        assert "avg/score" not in dense
+        failing["on"] = False
+        pruned = job.run(compose_cfg([*base, "pruner=magnitude", "sparsity=0.5", *judge_overrides(server.url)]))
+    run = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["start_time DESC"])[0]
+    assert pruned["mm_vet/judge_failure_rate"] == 0 and pruned["avg/score"] == pruned["mm_vet/gpt_eval_score"]
+    assert "stability/mm_vet" not in pruned and "prunebench.withheld" not in run.data.tags
+    assert json.loads(run.data.tags["prunebench.stability_excluded"]) == {"mm_vet": "no dense value"}

@@ -63,6 +63,24 @@ def test_a_reply_is_cached_as_json_and_a_rerun_asks_nothing(judge_cache):
     assert all(s["reply"] == "8 6\nfine" and s["messages"] == MESSAGES for s in stored)
 
 
+def test_each_repeat_has_its_own_cache_entry_and_repeat_0_the_key_of_before(judge_cache):
+    """judge.repeats grades an answer again: a repeat must reach the server, not read the first
+    grading back; a rerun reads each repeat's own reply."""
+    with scripted((200, "8 6"), (200, "7 5"), (200, "9 9")) as server:
+        judge = OpenAICompatibleJudge(model="judge-model", url=server.url, api_key_env=None, repeats=2)
+        first, second = (judge.reply(MESSAGES, 0.2, 16, repeat=r) for r in (0, 1))
+        again = [judge.reply(MESSAGES, 0.2, 16, repeat=r) for r in (0, 1)]
+    assert (first.text, first.cached, second.text, second.cached) == ("8 6", False, "7 5", False)
+    assert [(r.text, r.cached) for r in again] == [("8 6", True), ("7 5", True)]
+    assert len(server.requests) == 2
+    stored = {json.loads(p.read_text()).get("repeat", 0): p.name for p in judge_cache.glob("*.json")}
+    # repeat 0's entry is keyed as every reply was before repeats existed: old caches still answer
+    from prunebench.cache import content_key
+
+    before = {"judge": "judge-model", "messages": MESSAGES, "temperature": 0.2, "max_tokens": 16}
+    assert stored[0] == f"{content_key(before)}.json" and stored[1] != stored[0]
+
+
 @pytest.mark.parametrize("status", [429, 500, 503])
 def test_rate_limits_and_server_errors_are_retried(status):
     with scripted((status, "busy"), (200, "0.4")) as server:

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import TINY_MC, compose_cfg
 from prunebench.job import run
+from prunebench.report.build import write_report
 from prunebench.report.cli import main as report_main
 from prunebench.report.suites import suite_members, suite_tables
 from prunebench.report.table import load_runs, results_table
@@ -68,7 +69,7 @@ def test_glue_average_across_per_task_checkpoints(glue_dir, store, tmp_path, cap
     summary = pd.read_csv(tmp_path / "rep" / "suite_glue.csv", keep_default_na=False)
     # stability/avg is left out when no row has one (a random model's dense CoLA MCC is 0: no ratio)
     assert [c for c in summary.columns if c != "stability/avg"] == [
-        "model", "pruner", "sparsity", "sst2/acc", "cola/mcc", "stsb/pearson", "avg/score", "tasks", "partial",
+        "setting", "model", "pruner", "sparsity", "sst2/acc", "cola/mcc", "stsb/pearson", "avg/score", "tasks", "partial",
         "missing", "runs"]
     assert list(zip(summary.model, summary.pruner, summary.sparsity)) == [("(one per task)", "none", 0.0),
                                                                           ("(one per task)", "heads_l2", 0.5)]
@@ -88,13 +89,15 @@ def test_glue_average_across_per_task_checkpoints(glue_dir, store, tmp_path, cap
 
 
 def log_run(model: str, task: str, metric: str, value: float, pruner: str = "magnitude", sparsity: float = 0.5,
-            stability: float | None = None, protocol: str | None = None):
+            stability: float | None = None, protocol: str | None = None, limit: int | None = None):
     """A FINISHED run with the tags a job logs, through the MLflow API."""
-    tags = {"prunebench.run_key": f"{model}|{task}|{pruner}|{sparsity}|{protocol}", "prunebench.model": model,
+    tags = {"prunebench.run_key": f"{model}|{task}|{pruner}|{sparsity}|{protocol}|{limit}", "prunebench.model": model,
             "prunebench.pruner": pruner, "prunebench.task": task, "prunebench.sparsity": str(sparsity),
             "prunebench.avg_metrics": json.dumps({task: metric}),
             **({"prunebench.protocol": protocol} if protocol else {})}
     with mlflow.start_run(tags=tags):
+        if limit is not None:
+            mlflow.log_param("limit", limit)
         mlflow.log_metrics({f"{task}/{metric}": value, "avg/score": value,
                             **({f"stability/{task}": stability} if stability is not None else {})})
 
@@ -141,3 +144,22 @@ def test_suite_rows_per_model_pooled_checkpoints_and_partial_averages(store, tmp
     assert list(suite_tables(runs, ["glue"], members)) == ["glue"]
     assert report_main(["--experiment", "prunebench", "--suite", "nope", "--out", str(tmp_path / "rep")]) == 2
     assert "unknown suite(s) ['nope']" in capsys.readouterr().err
+
+
+def test_suite_rows_never_pool_runs_of_other_limits_or_dtypes(store, tmp_path):
+    """Checkpoints per task pool into one suite row only when they rest on the same documents and
+    numbers: a CoLA run over 10 documents is not averaged with SST-2 runs over all of theirs."""
+    mlflow.set_tracking_uri(store)
+    mlflow.set_experiment("prunebench")
+    log_run("bert-sst2", "sst2", "acc", 0.9)
+    log_run("bert-cola", "cola", "mcc", 0.5)
+    log_run("bert-cola-10", "cola", "mcc", 0.1, limit=10)
+    log_run("bert-sst2-10", "sst2", "acc", 0.7, limit=10)
+    glue = suite_tables(load_runs("prunebench"), ["glue"], suite_members())["glue"]
+    assert glue.setting.tolist() == ["(one per task) · limit=10 · numerics=fast · protocol=lm_eval",
+                                     "(one per task) · limit=null · numerics=fast · protocol=lm_eval"]
+    assert glue["avg/score"].tolist() == [pytest.approx(0.4), pytest.approx(0.7)]
+    write_report("prunebench", None, tmp_path)
+    text = (tmp_path / "results.md").read_text()
+    assert "## glue: averaged across single-task runs · (one per task) · limit=10" in text
+    assert "## glue: averaged across single-task runs · (one per task) · limit=null" in text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -11,32 +10,20 @@ import threading
 import warnings
 
 import hydra
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.groups import listing
 from prunebench.paths import CONF_DIR
 from prunebench.plan import format_plan, plan
 from prunebench.tracking import server, store
 from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
-# groups that are building blocks of other options (the task definitions task options list), not choices
-INTERNAL_GROUPS = ("hydra", "task_library")
-
-
-@functools.cache
-def config_groups() -> str:
-    """The groups a user chooses from and their options, for `prunebench --help` (conf/hydra/help/):
-    Hydra's own listing would show the internal ones too. Hydra resolves the help text in every run,
-    not only for --help: once per process (0.14 s a listing)."""
-    loader = GlobalHydra.instance().config_loader()
-    groups = [*sorted(g for g in loader.list_groups("") if g not in INTERNAL_GROUPS), "hydra/launcher"]
-    return "\n".join(f"  {g}: {', '.join(sorted(loader.get_group_options(g)))}" for g in groups)
-
-
-OmegaConf.register_new_resolver("prunebench_config_groups", config_groups, replace=True)
+# the help template passes ${hydra.searchpath}: options a lab keeps in its own package are listed too
+OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=(): listing(tuple(searchpath)),
+                                replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

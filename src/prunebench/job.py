@@ -1,4 +1,4 @@
-"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> log. Thin on purpose:
+"""One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> (export) -> log. Thin on purpose:
 each step lives in the module named for it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import time
 
 import mlflow
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.metrics import readable
@@ -19,6 +19,8 @@ from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
+from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.base import Pruner
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
@@ -86,6 +88,9 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         done = store.finished_run(uri, exp_id, key)
         if done:
             log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
+            if cfg.get("export"):
+                log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
+                            "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
@@ -116,8 +121,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
         metrics, logged, documents = execute(cfg, tasks, dense)
-        # a split without answers (a submission) has no metric, so no place in the average
-        scored = {name: task for name, task in tasks.items() if task.metrics}
+        withheld = withheld_tasks(tasks, metrics)
+        # a split without answers (a submission) has no metric, so no place in the average; nor has a
+        # task whose number is withheld (a judge that failed too often)
+        scored = {name: task for name, task in tasks.items() if task.metrics and name not in withheld}
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in scored.items()}))
         if primary:
@@ -126,7 +133,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         dense_primary = primary
         if not dense:
             dense_run = store.finished_run(uri, exp_id, baseline_key)  # again: ensure_dense may have just made it
-            dense_primary = dense_run and {n: dense_run.data.metrics.get(f"{n}/{t.primary}") for n, t in scored.items()}
+            # a dense number withheld is no baseline either
+            dense_withheld = json.loads(dense_run.data.tags.get(store.WITHHELD_TAG) or "{}") if dense_run else {}
+            dense_primary = dense_run and {n: None if n in dense_withheld else dense_run.data.metrics.get(f"{n}/{t.primary}")
+                                           for n, t in scored.items()}
             if dense_run is None:
                 log.warning("no FINISHED dense run for key %s yet: stability not logged", baseline_key)
         if dense_primary:
@@ -140,8 +150,21 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
                              "prunebench.stability_excluded": json.dumps(excluded)})
         mlflow.log_metrics({k: v for k, v in metrics.items() if k not in logged})
     log.info("FINISHED %s in %.0f s: %s (run %s in %s)", run_name, time.perf_counter() - start,
-             summary(metrics, tasks), active.info.run_id, uri)
+             summary(metrics, tasks, withheld), active.info.run_id, uri)
     return metrics
+
+
+def withheld_tasks(tasks: dict, metrics: dict[str, float]) -> dict[str, str]:
+    """{task: why it has no headline number} for the tasks that say so (a judged task whose judge
+    failed on more than judge.max_failure_rate of its gradings), recorded in the run's
+    `prunebench.withheld` tag for the reports to name. Its metrics stay logged, for inspection."""
+    withheld = {name: reason for name, task in tasks.items()
+                if hasattr(task, "withheld") and (reason := task.withheld(metrics))}
+    for name, reason in withheld.items():
+        log.warning("task %s gets no headline number: %s", name, reason)
+    if withheld:
+        mlflow.set_tag(store.WITHHELD_TAG, json.dumps(withheld))
+    return withheld
 
 
 class DenseBaselineFailed(RuntimeError):
@@ -204,11 +227,11 @@ def record_invalid(cfg: DictConfig, overrides, parent_run_id: str, err: ConfigEr
         log.exception("could not record the invalid job in the store")
 
 
-def summary(metrics: dict[str, float], tasks: dict) -> str:
-    """The numbers a sweep's reader scans for: each task's primary metric (the first few), then the
-    averages and what the pruning achieved."""
-    keys = [f"{name}/{task.primary}" for name, task in tasks.items() if task.metrics]
-    shown = [f"{key}={metrics[key]:.4g}" for key in keys[:4]]
+def summary(metrics: dict[str, float], tasks: dict, withheld: dict[str, str]) -> str:
+    """The numbers a sweep's reader scans for: each task's primary metric (the first few; `withheld`
+    for one with no headline number), then the averages and what the pruning achieved."""
+    keys = {f"{name}/{task.primary}": name for name, task in tasks.items() if task.metrics}
+    shown = [f"{key}=withheld" if name in withheld else f"{key}={metrics[key]:.4g}" for key, name in list(keys.items())[:4]]
     if len(keys) > 4:
         shown.append(f"... {len(keys) - 4} more")
     shown += [f"{key}={metrics[key]:.4g}" for key in ("avg/score", "stability/avg", "sparsity/actual") if key in metrics]
@@ -216,9 +239,42 @@ def summary(metrics: dict[str, float], tasks: dict) -> str:
 
 
 def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
-    """What a pruner's scores depend on: the jobs of a sweep over ratios share them."""
-    return {"model": identity(cfg)["model"], "pruner": OmegaConf.to_container(cfg.pruner, resolve=True),
+    """What a pruner's scores depend on: the jobs of a sweep over ratios share them. The scorer is
+    its class's module and qualified name, however `_target_` spells it (a package's re-export), so
+    two packages' pruners of one config name never share scores and one class never misses its own;
+    a built-in `_target_` already is that name, so its keys are what they were."""
+    pruner = OmegaConf.to_container(cfg.pruner, resolve=True)
+    scorer = get_class(pruner["_target_"])
+    pruner["_target_"] = f"{scorer.__module__}.{scorer.__qualname__}"
+    return {"model": identity(cfg)["model"], "pruner": pruner,
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
+
+
+def prune(cfg: DictConfig, dense: bool, exporting: bool = False
+          ) -> tuple[LoadedModel, Pruner, dict[str, float | str], dict | None]:
+    """The model loaded and pruned as `cfg` says, scores from the score cache where it has them:
+    what a job evaluates and `prunebench-export` rebuilds. Returns the model, the pruner, what
+    pruning reported (numbers: metrics; words: tags, the score cache's state among them) and, when
+    `exporting`, the model's widths before pruning (models/export.widths, for pruning.json)."""
+    from prunebench.models.export import mark_layers, widths
+
+    loaded = get_model(cfg.model)
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    before = widths(loaded.model) if exporting else None
+    if exporting:
+        mark_layers(loaded.model)
+    start = time.perf_counter()
+    scores, stats = None, {}
+    if not dense:
+        calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
+        scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
+        stats["prunebench.score_cache"] = "off" if not pruner.cacheable else "hit" if hit else "miss"
+    stats["time/score_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    stats.update({} if dense else pruner.apply(loaded, scores, float(cfg.sparsity)))
+    stats["time/apply_s"] = time.perf_counter() - start
+    stats.setdefault("sparsity/actual", 0.0)
+    return loaded, pruner, stats, before
 
 
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
@@ -228,25 +284,12 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     from prunebench.models.introspection import count_parameters
 
     memory.reset_peaks()
-    loaded = get_model(cfg.model)
-    pruner = instantiate(cfg.pruner, _convert_="all")
-    metrics: dict[str, float] = {}
+    loaded, pruner, stats, before = prune(cfg, dense, bool(cfg.get("export")))
     logged: set[str] = set()
     documents: dict[str, dict] = {}
-    start = time.perf_counter()
-    scores = None
-    if not dense:
-        calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
-        scores, hit = cached_scores(pruner, loaded, calib, score_identity(cfg, calib is not None))
-        mlflow.set_tag("prunebench.score_cache", "off" if not pruner.cacheable else "hit" if hit else "miss")
-    metrics["time/score_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    stats = {} if dense else pruner.apply(loaded, scores, float(cfg.sparsity))
-    metrics["time/apply_s"] = time.perf_counter() - start
-    metrics.setdefault("sparsity/actual", 0.0)
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
-    metrics.update({key: value for key, value in stats.items() if not isinstance(value, str)})
+    metrics = {key: value for key, value in stats.items() if not isinstance(value, str)}
     metrics["params/total"] = float(count_parameters(loaded.model))
     metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()
@@ -269,6 +312,12 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
             (mlflow.log_text if isinstance(artifact, str) else mlflow.log_dict)(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
+    if before is not None:  # export=true; before the benchmark, which may swap weights for sparse kernels' formats
+        from prunebench.export import export_model
+
+        start = time.perf_counter()
+        export_model(cfg, loaded, stats, before, mlflow.active_run().info.run_id)
+        metrics["time/export_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark
 

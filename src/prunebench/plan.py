@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     arguments = sys.argv[1:] if argv is None else list(argv)
     if {"-h", "--help"} & set(arguments):
-        print(main.__doc__)
+        print(main.__doc__ + "\n\nGroups (group=option)\n" + help_listing(arguments))
         return 0
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
@@ -175,6 +175,19 @@ def main(argv: list[str] | None = None) -> int:
         jobs = plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
+
+
+def help_listing(arguments: list[str]) -> str:
+    """The groups' options, those on a `hydra.searchpath=[...]` among `arguments` too."""
+    from hydra import initialize_config_dir
+
+    from prunebench.groups import listing
+    from prunebench.paths import CONF_DIR
+
+    searchpath = [o.value() for o in OverridesParser.create().parse_overrides(
+        [a for a in arguments if a.startswith("hydra.searchpath=")])]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return listing(tuple(searchpath[-1]) if searchpath else ())
 
 
 if __name__ == "__main__":

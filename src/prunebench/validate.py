@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import os
 from pathlib import Path
 
 from hydra.utils import get_class, get_method, instantiate
@@ -54,6 +55,30 @@ def check_tower(cfg: DictConfig, pruner_cls) -> None:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune the {tower} tower of model={cfg.model.name!r}; "
                           f"it prunes: {sorted(pruner_cls.towers)} (vision-tower pruning is head pruning: "
                           f"pruner=heads_his|heads_entropy|heads_l2|heads_random|hies)")
+
+
+def check_export(cfg: DictConfig, pruner_cls) -> None:
+    """export=true writes a Hugging Face folder (docs/export.md): the model must have one, the pruner
+    must change weights, and export_dir must be a folder that can be written."""
+    export, folder = cfg.get("export", False), cfg.get("export_dir")
+    if not isinstance(export, bool):
+        raise ConfigError(f"export={export!r}: use true (write the pruned model, docs/export.md) or false")
+    if folder is not None and not export:
+        raise ConfigError(f"export_dir={folder!r} is set but export=false; add export=true to write the model there")
+    if not export:
+        return
+    if cfg.model.family == "vision":
+        raise ConfigError(f"export=true writes a Hugging Face folder, but model={cfg.model.name!r} is a timm model "
+                          f"(family vision), which has none; export works for the causal_lm, moe, vlm and encoder families")
+    if not pruner_cls.exportable:
+        raise ConfigError(f"export=true: pruner={cfg.pruner.name!r} changes how the model runs, not its weights, "
+                          f"so there is no pruned checkpoint to write; set export=false")
+    if folder is not None:
+        path = Path(str(folder)).expanduser().resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ConfigError(f"export_dir={folder!r}: {existing} is not a folder this process can write; "
+                              f"give a writable folder (the model goes to <export_dir>/<run id>)")
 
 
 def calibration_config(cfg: DictConfig) -> DictConfig:
@@ -126,6 +151,7 @@ def validate(cfg: DictConfig) -> dict:
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
     check_tower(cfg, pruner_cls)
     check_device_map(cfg.model)
+    check_export(cfg, pruner_cls)
     server.check(cfg.tracking)
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")

@@ -60,7 +60,12 @@ class GenerationDataModule(L.LightningDataModule):
         documents = self.task.instances(self.limit)
         encoded = [self.encode(d, room) for d in documents]
         encoded.sort(key=lambda e: (-e.length, e.document.requests[0].prompt))
-        self.batches = pack(encoded, lambda e: e.length + self.task.max_gen_toks, self.batch_tokens)
+        self.batches = pack(encoded, self.cost, self.batch_tokens)
+
+    def cost(self, item: EncodedRequest) -> int:
+        """The positions a request may take: its prompt and the generation's room (what batches are
+        packed by, and what the progress bar counts)."""
+        return item.length + self.task.max_gen_toks
 
     def encode(self, document: Document, room: int) -> EncodedRequest:
         request = document.requests[0]

@@ -20,8 +20,9 @@ class HFCausalJudge(Judge):
     """`path`: a hub id or a local folder; loaded on the first request, not at validation. Sampling
     settings other than the token budget are ignored (greedy); the cache key still holds them."""
 
-    def __init__(self, path: str, dtype: str = "float32", device: str = "cpu", name: str | None = None):
-        super().__init__(path, name)
+    def __init__(self, path: str, dtype: str = "float32", device: str = "cpu", name: str | None = None,
+                 repeats: int = 1, max_failure_rate: float = 0.05):
+        super().__init__(path, name, repeats, max_failure_rate)
         self.path, self.dtype, self.device = path, dtype, device
 
     def complete(self, messages: list[dict], temperature: float, max_tokens: int) -> str:

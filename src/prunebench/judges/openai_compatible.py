@@ -15,8 +15,9 @@ class OpenAICompatibleJudge(Judge):
     kept only inside it: never in the config, a log line or a repr."""
 
     def __init__(self, model: str, url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
-                 max_retries: int = 5, timeout_s: float = 120.0, name: str | None = None):
-        super().__init__(model, name)
+                 max_retries: int = 5, timeout_s: float = 120.0, name: str | None = None, repeats: int = 1,
+                 max_failure_rate: float = 0.05):
+        super().__init__(model, name, repeats, max_failure_rate)
         self.url, self.api_key_env, self.max_retries, self.timeout_s = url, api_key_env, max_retries, timeout_s
         self._client = None
 

@@ -82,6 +82,10 @@ class Heads:
         return (per_head + kv[[self.kv_of(h) for h in range(self.n_heads)]]).sqrt()
 
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(linear.weight for linear in self.qkv_linears())
+
+    def qkv_linears(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """The query, key and value projections, where they are separate layers (export pads them)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -129,8 +133,8 @@ class DecoderHeads(Heads):
     def out_proj(self) -> nn.Linear:
         return self.module.o_proj
 
-    def qkv_weights(self):
-        return self.module.q_proj.weight, self.module.k_proj.weight, self.module.v_proj.weight
+    def qkv_linears(self):
+        return self.module.q_proj, self.module.k_proj, self.module.v_proj
 
     def _slice(self, q_kept, kv_kept):
         m, d = self.module, self.head_dim
@@ -188,9 +192,9 @@ class BertHeads(Heads):
     def out_proj(self) -> nn.Linear:
         return self.module.output.dense
 
-    def qkv_weights(self):
+    def qkv_linears(self):
         s = self.module.self
-        return s.query.weight, s.key.weight, s.value.weight
+        return s.query, s.key, s.value
 
     def _slice(self, q_kept, kv_kept):
         s, d = self.module.self, self.head_dim

@@ -26,6 +26,8 @@ class Pruner:
     towers: ClassVar[frozenset[str]] = frozenset({"language"})
     needs_calibration: ClassVar[bool] = False
     cacheable: ClassVar[bool] = True
+    # False: the pruner changes how the model runs, not its weights, so export=true has nothing to write
+    exportable: ClassVar[bool] = True
 
     def __init__(self, name: str, tower: str = "language"):
         if tower not in TOWERS:

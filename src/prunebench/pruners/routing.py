@@ -85,6 +85,7 @@ class RoutingPruner(Pruner):
 
     families = frozenset({"moe"})
     cacheable = False
+    exportable = False  # a forward hook re-selects experts; no weight changes
 
     def __init__(self, name: str, renormalize: bool | None = None):
         super().__init__(name)

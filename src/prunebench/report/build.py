@@ -13,7 +13,7 @@ from prunebench.report import plots
 from prunebench.report.predictions import chance_levels
 from prunebench.report.suites import suite_tables
 from prunebench.report.table import (CSV_FLOATS, SETTING, documents, failed_jobs, load_runs, results_table,
-                                     shown_columns, task_columns, to_markdown)
+                                     shown_columns, task_columns, to_markdown, withheld_note)
 
 
 LAYOUTS = ("flat", "paper")
@@ -39,8 +39,10 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     summaries = suite_tables(runs, suites)
     out.mkdir(parents=True, exist_ok=True)
     sections = [setting_section(heading, rows) for heading, rows in table.groupby(SETTING, sort=True)]
+    sections += filter(None, [withheld_note(runs)])
     for suite, summary in summaries.items():
-        sections.append(f"## {suite}: averaged across single-task runs\n\n{to_markdown(summary)}")
+        sections += [f"## {suite}: averaged across single-task runs · {heading}\n\n{to_markdown(rows[shown_columns(rows)])}"
+                     for heading, rows in summary.groupby(SETTING, sort=True)]
         summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
@@ -51,7 +53,9 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     levels = chance_levels((heading, column.split("/")[0], run_id) for column in task_columns(dense)
                            for heading, run_id, value in zip(dense[SETTING], dense.run_id, dense[column])
                            if pd.notna(value))
-    figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns(table), levels)}
+    # every task's number withheld (withheld_note) leaves nothing to plot
+    figures = {"metric_vs_sparsity.png": plots.metric_vs_sparsity(table, task_columns(table), levels)
+               } if task_columns(table) else {}
     for suite, summary in summaries.items():
         complete = summary[~summary.partial]  # an average over fewer tasks is no point on the same curve
         if not complete.empty:

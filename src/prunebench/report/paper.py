@@ -31,7 +31,7 @@ from prunebench.report.predictions import Predictions, chance_levels
 from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
 from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
-                                     to_markdown)
+                                     to_markdown, withheld_note)
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
@@ -292,6 +292,7 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
         counts = results[results[SETTING] == heading].groupby("task", sort=False).n_docs.apply(list).to_dict()
         sections.append("\n\n".join(filter(None, [f"### {heading}", documents(counts), to_markdown(shown)])))
         tex.append(to_latex(shown, heading))
+    sections += filter(None, [withheld_note(runs)])
     (out / "paper.tex").write_text("\n".join(tex))
     several = table[SETTING].nunique() > 1  # which setting a test belongs to, when the tables are several
     if not flipped.empty:
@@ -302,6 +303,8 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
         shown_compared = compared if several else compared.drop(columns=SETTING)
         sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(shown_compared))
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")
+    if table.empty:  # every task's number withheld (withheld_note): nothing to plot
+        return sections
     dense = results[results.pruner == "none"]
     fig = figure(table, chance_levels(zip(dense[SETTING], dense.task, dense.run_id)))
     fig.savefig(out / "paper.png", dpi=110)

@@ -16,11 +16,13 @@ from omegaconf import OmegaConf
 
 from prunebench.api.task_keys import task_names
 from prunebench.paths import CONF_DIR
-from prunebench.report.table import dense_first
+from prunebench.report.settings import DEFAULTS, heading, setting
+from prunebench.report.table import SETTING, dense_first
 
 POOLED = "(one per task)"
-# runs without the tag predate the choice of protocol: lm-eval's was the only one for single tasks
-DEFAULT_PROTOCOL = "lm_eval"
+# what the runs pooled into one suite row must share besides the model: their task differs by design,
+# and so does the data file each task reads (report/settings.py)
+SHARED = ("limit", "dtype", "numerics", "protocol")
 
 
 def suite_members(conf_dir: str = CONF_DIR) -> dict[str, list[str]]:
@@ -46,13 +48,12 @@ def single_task_results(runs: pd.DataFrame) -> pd.DataFrame:
         if len(primary) != 1:
             continue
         (task, metric), = primary.items()
-        protocol = run.get("tags.prunebench.protocol")
-        rows.append({"model": run["tags.prunebench.model"],
-                     "protocol": protocol if isinstance(protocol, str) and protocol else DEFAULT_PROTOCOL,
+        values = setting(run)
+        rows.append({"model": run["tags.prunebench.model"], **{key: values[key] for key in SHARED},
                      "pruner": run["tags.prunebench.pruner"],
                      "sparsity": float(run["tags.prunebench.sparsity"]), "task": task, "column": f"{task}/{metric}",
                      "value": run.get(f"metrics.{task}/{metric}"), "stability": run.get(f"metrics.stability/{task}")})
-    return pd.DataFrame(rows, columns=["model", "protocol", "pruner", "sparsity", "task", "column", "value",
+    return pd.DataFrame(rows, columns=["model", *SHARED, "pruner", "sparsity", "task", "column", "value",
                                        "stability"])
 
 
@@ -83,7 +84,8 @@ def suite_table(rows: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     """One row per model x pruner x sparsity. A model that ran several of the suite's tasks gets rows
     of its own; models that ran one task each (a fine-tuned checkpoint per task) share rows, model
     `(one per task)`; runs under another protocol (OpenCompass's) never share a row with lm-eval's
-    (column `protocol` unless all are lm-eval's). A task's cell is its runs' mean (`runs` counts
+    (column `protocol` unless all are lm-eval's), nor do runs of another limit, dtype or numerics: each
+    row's `setting` names them, as a results table's does. A task's cell is its runs' mean (`runs` counts
     them); `avg/score` averages the tasks present, `partial` says some are missing, `missing` which;
     `stability/avg` averages the stabilities the tasks have (each run against its own dense run; a
     task whose dense value is near zero has none), as a job's own does."""
@@ -91,18 +93,19 @@ def suite_table(rows: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     rows = rows.assign(model=rows.model.map(lambda m: m if tasks_per_model[m] > 1 else POOLED))
     columns = [c for t in tasks for c in dict.fromkeys(rows.column[rows.task == t])]
     table = []
-    for (model, protocol, pruner, sparsity), group in rows.groupby(["model", "protocol", "pruner", "sparsity"]):
+    for (model, *shared, pruner, sparsity), group in rows.groupby(["model", *SHARED, "pruner", "sparsity"]):
         values = group.groupby("column").value.mean()
         present = [t for t in tasks if t in set(group.task)]
-        table.append({"model": model, "protocol": protocol, "pruner": pruner, "sparsity": sparsity,
+        table.append({SETTING: heading({"model": model, **dict(zip(SHARED, shared))}), "model": model,
+                      "protocol": shared[SHARED.index("protocol")], "pruner": pruner, "sparsity": sparsity,
                       **values.to_dict(),
                       "avg/score": values.mean(),
                       "stability/avg": group.groupby("task").stability.mean().mean(),
                       "tasks": f"{len(present)}/{len(tasks)}", "partial": len(present) < len(tasks),
                       "missing": " ".join(t for t in tasks if t not in present), "runs": len(group)})
-    table = pd.DataFrame(table, columns=["model", "protocol", "pruner", "sparsity", *columns, "avg/score",
+    table = pd.DataFrame(table, columns=[SETTING, "model", "protocol", "pruner", "sparsity", *columns, "avg/score",
                                          "stability/avg", "tasks", "partial", "missing", "runs"])
-    table = table.sort_values(["model", "protocol", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
-    if set(rows.protocol) == {DEFAULT_PROTOCOL}:
+    table = table.sort_values([SETTING, "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
+    if set(rows.protocol) == {DEFAULTS["protocol"]}:
         table = table.drop(columns="protocol")
     return table.dropna(axis=1, how="all")

@@ -11,7 +11,7 @@ import pandas as pd
 from prunebench.api.metrics import readable
 from prunebench.report.settings import settings
 from prunebench.tracking.run_key import MODEL_RUNTIME_KEYS, RUNTIME_KEYS
-from prunebench.tracking.store import KEY_TAG
+from prunebench.tracking.store import KEY_TAG, WITHHELD_TAG
 from prunebench.tracking.sweep import cell_run_ids
 
 ID_COLUMNS = ["model", "pruner", "sparsity", "task"]
@@ -152,6 +152,18 @@ def documents(counts: dict[str, list[float]]) -> str:
         if known:
             shown.append(f"{task} {known[0]}" + (f"-{known[-1]}" if len(known) > 1 else ""))
     return "documents: " + ", ".join(shown) if shown else ""
+
+
+def withheld_note(runs: pd.DataFrame) -> str:
+    """Why a task has no number in a table although its run finished: one line per run and task
+    whose job withheld the score (a judge that failed too often; job.withheld_tasks), '' when none."""
+    lines = []
+    for _, run in runs.iterrows():
+        tag = run.get(f"tags.{WITHHELD_TAG}")
+        for task, reason in (json.loads(tag) if isinstance(tag, str) and tag else {}).items():
+            where = " | ".join(str(run[f"tags.prunebench.{key}"]) for key in ("model", "pruner", "sparsity"))
+            lines.append(f"- {task}, {where} (run {run['run_id']}): {reason}")
+    return "No headline number (left out of the tables, avg/score and stability):\n\n" + "\n".join(lines) if lines else ""
 
 
 def dense_first(col: pd.Series) -> pd.Series:

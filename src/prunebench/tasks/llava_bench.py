@@ -112,30 +112,45 @@ class LlavaBenchTask(JudgedTask):
         doc = request.doc
         content = review_prompt(doc["context"], doc["text"], doc["reference"], self.answer(response),
                                 RULES[self.rule_prefix + doc["category"]])
-        reply, cached = self.ask([{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}])
-        scores = parse_score(reply)
-        return {"task": request.task, "doc_id": request.doc_id, "question_id": doc["question_id"],
-                "category": doc["category"], "prompt": request.prompt, "target": doc["reference"],
-                "response": response, "judge_prompt": content, "judge_reply": reply,
-                "judge_parsed": scores is not None, "scores": scores or UNPARSED,
-                "judge_requests": int(not cached), "judge_cache_hits": int(cached)}
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+        def grade(repeat: int) -> dict:
+            reply, cached = self.ask(messages, repeat=repeat)
+            scores = parse_score(reply)
+            return {"judge_reply": reply, "judge_parsed": scores is not None, "scores": scores or UNPARSED,
+                    "judge_requests": int(not cached), "judge_cache_hits": int(cached)}
+
+        return self.graded({"task": request.task, "doc_id": request.doc_id, "question_id": doc["question_id"],
+                            "category": doc["category"], "prompt": request.prompt, "target": doc["reference"],
+                            "response": response, "judge_prompt": content}, grade)
 
     def corpus_metrics(self, records: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
         """(values, standard errors): the relative score overall and per category present (no
         standard error: a ratio of means has no per-document values), and the judge's counts."""
-        values = {}
-        for metric, category in zip(METRICS, ("all", *CATEGORIES)):
-            pairs = [r["scores"] for r in records if category in ("all", r["category"])]
-            if pairs:
-                reference, model = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
-                values[metric] = ratio_or_nan(model, reference) * 100
-        return {**values, **self.judge_counts(records)}, {}
+        return {**self.over_repeats(records, relative_scores), **self.judge_counts(records)}, {}
 
     def artifacts(self, records: list[dict]) -> dict[str, str]:
         """The reviews as LLaVA's review scripts write them, one JSON record per line, with LLaVA's
         category (in the wild `llava_bench_<category>`, the rule's key), so its summarize_gpt_review.py
-        reads the file (`-f FILE`, or `-d judge/`, which takes review_*.jsonl). LLaVA's answer1_id /
-        answer2_id are left out: no answer here has an id, and the summary does not read them."""
-        return {f"judge/review_{self.name}.jsonl": "".join(
-            json.dumps({"id": i + 1, "question_id": r["question_id"], "category": self.rule_prefix + r["category"],
-                        "content": r["judge_reply"], "tuple": r["scores"]}) + "\n" for i, r in enumerate(records))}
+        reads the file (`-f FILE`, or `-d judge/`, which takes review_*.jsonl and scores each file).
+        One file per repeat: `review_<task>.jsonl`, then `review_<task>_repeat<i>.jsonl`. LLaVA's
+        answer1_id / answer2_id are left out: no answer here has an id, and the summary does not read them."""
+        files = {}
+        for repeat in range(self.judge.repeats):
+            suffix = f"_repeat{repeat}" if repeat else ""
+            files[f"judge/review_{self.name}{suffix}.jsonl"] = "".join(
+                json.dumps({"id": i + 1, "question_id": r["question_id"], "category": self.rule_prefix + r["category"],
+                            "content": g["judge_reply"], "tuple": g["scores"]}) + "\n"
+                for i, (r, g) in enumerate((r, self.grades(r)[repeat]) for r in records))
+        return files
+
+
+def relative_scores(records: list[dict], gradings: list[dict]) -> dict[str, float]:
+    """One grading per record: mean(model) / mean(reference) x 100 overall and per category present."""
+    values = {}
+    for metric, category in zip(METRICS, ("all", *CATEGORIES)):
+        pairs = [g["scores"] for r, g in zip(records, gradings) if category in ("all", r["category"])]
+        if pairs:
+            reference, model = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+            values[metric] = ratio_or_nan(model, reference) * 100
+    return values

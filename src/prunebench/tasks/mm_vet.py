@@ -81,28 +81,41 @@ class MMVetTask(JudgedTask):
         (response,) = responses
         doc = request.doc
         prompt = grader_prompt(doc["text"], doc["answer"], self.answer(response))
-        replies, requests, hits, score = [], 0, 0, None
-        for attempt in range(self.attempts):
-            text = prompt if attempt == 0 else prompt + RETRY_SUFFIX
-            reply, cached = self.ask([{"role": "user", "content": text}], self.judge_temperature + 0.5 * max(0, attempt - 1))
-            replies.append(reply)
-            hits, requests = hits + cached, requests + (not cached)
-            score = parse_correctness(reply)
-            if score is not None:
-                break
-        return {"task": request.task, "doc_id": request.doc_id, "question_id": doc["question_id"],
-                "capability": doc["capability"], "prompt": request.prompt, "target": doc["answer"],
-                "response": response, "judge_prompt": prompt, "judge_reply": replies[-1], "judge_replies": replies,
-                "judge_parsed": score is not None, "score": 0.0 if score is None else score,
-                "judge_requests": requests, "judge_cache_hits": hits}
+
+        def grade(repeat: int) -> dict:
+            replies, requests, hits, score = [], 0, 0, None
+            for attempt in range(self.attempts):
+                text = prompt if attempt == 0 else prompt + RETRY_SUFFIX
+                reply, cached = self.ask([{"role": "user", "content": text}],
+                                         self.judge_temperature + 0.5 * max(0, attempt - 1), repeat)
+                replies.append(reply)
+                hits, requests = hits + cached, requests + (not cached)
+                score = parse_correctness(reply)
+                if score is not None:
+                    break
+            return {"judge_reply": replies[-1], "judge_replies": replies, "judge_parsed": score is not None,
+                    "score": 0.0 if score is None else score, "judge_requests": requests, "judge_cache_hits": hits}
+
+        return self.graded({"task": request.task, "doc_id": request.doc_id, "question_id": doc["question_id"],
+                            "capability": doc["capability"], "prompt": request.prompt, "target": doc["answer"],
+                            "response": response, "judge_prompt": prompt}, grade)
 
     def corpus_metrics(self, records: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
-        """Means x 100 (overall `gpt_eval_score`, lmms-eval's name; each capability present) and their
-        standard errors (lm-eval's mean_stderr, x 100)."""
-        values, stderrs = {}, {}
-        for metric in self.metrics:
-            scores = [r["score"] for r in records if metric == "gpt_eval_score" or metric in r["capability"]]
-            if scores:
-                values[metric] = sum(scores) / len(scores) * 100
-                stderrs[metric] = mean_stderr(scores) * 100
-        return {**values, **self.judge_counts(records)}, stderrs
+        """Means x 100 (overall `gpt_eval_score`, lmms-eval's name; each capability present), over
+        repeats as MM-Vet's evaluator averages its runs, and their standard errors (lm-eval's
+        mean_stderr of each document's score, averaged over repeats, x 100)."""
+        def means(records: list[dict], gradings: list[dict]) -> dict[str, float]:
+            return {metric: sum(g["score"] for g in part) / len(part) * 100
+                    for metric, part in self.by_metric(records, gradings).items()}
+
+        averaged = [{"score": sum(g["score"] for g in self.grades(r)) / len(self.grades(r))} for r in records]
+        stderrs = {metric: mean_stderr([g["score"] for g in part]) * 100
+                   for metric, part in self.by_metric(records, averaged).items()}
+        return {**self.over_repeats(records, means), **self.judge_counts(records)}, stderrs
+
+    def by_metric(self, records: list[dict], gradings: list[dict]) -> dict[str, list[dict]]:
+        """{metric: the gradings of the records it covers}: every record for `gpt_eval_score`, those
+        needing the capability for each capability (only those present)."""
+        parts = {metric: [g for r, g in zip(records, gradings) if metric == "gpt_eval_score" or metric in r["capability"]]
+                 for metric in self.metrics}
+        return {metric: part for metric, part in parts.items() if part}

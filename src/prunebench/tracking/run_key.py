@@ -13,11 +13,14 @@ from prunebench.cache import content_key
 # Fields that change where or how fast a job runs, never its numbers.
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
 # `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge")
+# `export`, `export_dir`: a copy of the pruned model written after the numbers are made.
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge", "export", "export_dir")
 # model-config keys that never change a job's numbers
 MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
 # judge-config keys that say how to reach the judge, not which model grades
 JUDGE_RUNTIME_KEYS = ("url", "api_key_env", "max_retries", "timeout_s", "device", "name")
+# the judge's protocol at what judges did before these keys existed: runs stored then still match
+JUDGE_DEFAULTS = {"repeats": 1, "max_failure_rate": 0.05}
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
@@ -66,8 +69,12 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     if data.get("pruner", {}).get("tower") == "language":
         data["pruner"].pop("tower")
     for definition in (task.get("tasks") or {}).values():
+        judge = definition.get("judge") or {}
         for key in JUDGE_RUNTIME_KEYS:
-            (definition.get("judge") or {}).pop(key, None)
+            judge.pop(key, None)
+        for key, default in JUDGE_DEFAULTS.items():
+            if judge.get(key) == default:
+                judge.pop(key)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0

@@ -20,6 +20,8 @@ from prunebench.api.errors import ConfigError
 
 log = logging.getLogger(__name__)
 KEY_TAG = "prunebench.run_key"
+# {task: why it has no headline number}: job.withheld_tasks writes it, the reports name it
+WITHHELD_TAG = "prunebench.withheld"
 
 
 def git_sha() -> str:

@@ -1,0 +1,78 @@
+"""Where a pruned model goes (export=true, docs/export.md): an MLflow logged model of its run, which
+the Model Registry registers from the UI, or a folder (export_dir) for a model too large to copy into
+the artifact store. The run's tag `prunebench.export` says which: `mlflow-model:models:/<id>` or
+`dir:<path>`.
+
+The logged model is a plain folder of Hugging Face files, not an `mlflow.transformers` flavour: that
+flavour's local-checkpoint path fails under transformers 5 with MLflow 3.17 (it reads the pipeline
+registry's old layout), and a folder loads with `from_pretrained` after
+`mlflow.artifacts.download_artifacts("models:/<id>")`."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from prunebench.models.loaded import LoadedModel
+from prunebench.tracking.run_key import is_dense
+from prunebench.tracking.store import KEY_TAG
+
+log = logging.getLogger(__name__)
+EXPORT_TAG = "prunebench.export"
+
+
+def record(cfg: DictConfig, stats: dict[str, float | str], run) -> dict:
+    """pruning.json's account of the run: which run, which pruner, what it achieved (its sparsity,
+    parameter and FLOP measures, MoP's sequence)."""
+    achieved = {key: value for key, value in stats.items()
+                if not key.startswith(("time/", "prunebench."))}
+    return {"run_id": run.info.run_id, "run_key": run.data.tags.get(KEY_TAG),
+            "model": OmegaConf.to_container(cfg.model, resolve=True),
+            "pruner": {"name": "none"} if is_dense(cfg) else OmegaConf.to_container(cfg.pruner, resolve=True),
+            "sparsity": 0.0 if is_dense(cfg) else float(cfg.sparsity), "achieved": achieved}
+
+
+def log_folder(folder: Path, run, tags: dict[str, str]) -> str:
+    """The folder as a logged model whose source is `run`, listed among the run's outputs. Returns its URI."""
+    client = MlflowClient()
+    # MLflow refuses / : . % and quotes in a logged model's name (a run name holds | and the ratio's dot)
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", run.info.run_name or "pruned").strip("-")
+    model = mlflow.initialize_logged_model(name=name, source_run_id=run.info.run_id, tags=tags,
+                                           model_type="transformers", experiment_id=run.info.experiment_id)
+    try:
+        client.log_model_artifacts(model.model_id, str(folder))
+    except BaseException:
+        mlflow.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        raise
+    mlflow.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    client.log_outputs(run.info.run_id, [LoggedModelOutput(model.model_id, step=0)])
+    return f"models:/{model.model_id}"
+
+
+def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
+                 run_id: str) -> str:
+    """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
+    returns that tag's value. `before`: its widths before pruning (models/export.widths)."""
+    from prunebench.models.export import write_pretrained
+
+    run = MlflowClient().get_run(run_id)
+    account = record(cfg, stats, run)
+    if cfg.get("export_dir"):
+        folder = Path(str(cfg.export_dir)).expanduser().resolve() / run_id
+        write_pretrained(loaded, folder, account, before)
+        where = f"dir:{folder}"
+    else:
+        with tempfile.TemporaryDirectory(prefix="prunebench-export-") as tmp:
+            write_pretrained(loaded, Path(tmp), account, before)
+            tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"]}
+            where = "mlflow-model:" + log_folder(Path(tmp), run, tags)
+    MlflowClient().set_tag(run_id, EXPORT_TAG, where)
+    log.info("exported the pruned model of run %s: %s", run_id, where)
+    return where

@@ -1,0 +1,76 @@
+"""`prunebench-export RUN_ID`: a run's pruned model, rebuilt from the config the run logged (its
+scores from the score cache) and written as `export=true` would have written it (docs/export.md).
+
+The rebuilt model must be the one the run evaluated: its parameter counts and achieved sparsity are
+compared with the run's metrics, and a difference (changed pruner code, a scorer that is not
+deterministic) stops the export instead of publishing another model under the run's name."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+import mlflow
+from hydra.utils import get_class
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf, open_dict
+
+from prunebench.api.errors import ConfigError
+from prunebench.tracking.store import tracking_uri
+
+# what the rebuilt model must share with the run's, exactly (counts, and a ratio of counts)
+SAME = ("params/total", "params/nonzero", "sparsity/actual")
+
+
+def run_config(client: MlflowClient, run_id: str):
+    with tempfile.TemporaryDirectory() as tmp:
+        return OmegaConf.load(client.download_artifacts(run_id, "config.yaml", tmp))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prunebench-export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_id", help="the MLflow run whose pruned model to write")
+    parser.add_argument("--dir", default=None,
+                        help="write to DIR/<run id> and tag the run with the path (for large models); default: "
+                             "an MLflow logged model of the run")
+    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    args = parser.parse_args(argv)
+    from prunebench.export import export_model
+    from prunebench.job import prune
+    from prunebench.models.introspection import count_parameters
+    from prunebench.tracking.run_key import is_dense
+    from prunebench.validate import check_export
+
+    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    client = MlflowClient()
+    try:
+        run = client.get_run(args.run_id)
+        cfg = run_config(client, args.run_id)
+    except (MlflowException, OSError) as err:
+        print(f"prunebench-export: no prunebench run {args.run_id!r} with a config.yaml in "
+              f"{mlflow.get_tracking_uri()}: {err}", file=sys.stderr)
+        return 2
+    with open_dict(cfg):
+        cfg.export, cfg.export_dir = True, args.dir
+    try:
+        check_export(cfg, get_class(cfg.pruner._target_))
+    except ConfigError as err:
+        print(f"prunebench-export: {err}", file=sys.stderr)
+        return 2
+    loaded, _, stats, before = prune(cfg, is_dense(cfg), exporting=True)
+    rebuilt = {**stats, "params/total": float(count_parameters(loaded.model)),
+               "params/nonzero": float(count_parameters(loaded.model, nonzero=True))}
+    differ = [f"{key}: run {run.data.metrics[key]}, rebuilt {rebuilt[key]}"
+              for key in SAME if key in run.data.metrics and run.data.metrics[key] != rebuilt[key]]
+    if differ:
+        print(f"prunebench-export: the rebuilt model is not the one run {args.run_id} evaluated ({'; '.join(differ)}); "
+              f"nothing written. Rerun the job with export=true instead", file=sys.stderr)
+        return 1
+    print(export_model(cfg, loaded, stats, before, args.run_id))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

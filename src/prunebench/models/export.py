@@ -1,0 +1,178 @@
+"""A pruned model as a Hugging Face folder that `from_pretrained` loads without remote code.
+
+What a stock config can state is written smaller: the structured pruners already slice removed
+layers, heads and MLP neurons out and, where every layer keeps the same widths, write the counts
+into the config (pruners/layers.py, models/attention.sync_config, pruners/width.py). What a config
+cannot state is written at a shape it can state, padded with zeros that add exactly nothing:
+- decoder layers left with different head counts (heads ranked across the whole model): every
+  layer padded to the widest layer's query heads per key/value head and key/value heads;
+- a CLIP or BERT tower's sliced heads (their config derives the head size from hidden_size and the
+  head count, so it cannot state fewer): padded back to the config's count.
+Unstructured and N:M sparsity are dense tensors with zeros, as Wanda's and SparseGPT's code saves
+them. `pruning.json` says which of these applies, and what was removed where."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from prunebench.models.attention import Heads, attention_heads, head_index, heads_adapter
+from prunebench.models.introspection import count_parameters, is_composite, transformer_blocks
+
+# set on each language-model block before pruning: an attribute survives the copies a pruner makes
+# (MoP's trial steps), so the export can name the original layers that were removed
+LAYER_MARK = "prunebench_layer"
+
+
+def mark_layers(model: nn.Module) -> None:
+    for index, block in enumerate(transformer_blocks(model)[1]):
+        setattr(block, LAYER_MARK, index)
+
+
+def towers(model: nn.Module) -> tuple[str, ...]:
+    return ("language", "vision") if is_composite(model) else ("language",)
+
+
+def widths(model: nn.Module) -> dict[str, list[dict]]:
+    """Per tower, per layer: its index in the unpruned model (`mark_layers`), attention heads (query
+    and key/value) and MLP neurons (None where the MLP is not an up/down projection pair, as fused
+    MoE experts)."""
+    out = {"language": []}
+    for position, block in enumerate(transformer_blocks(model)[1]):
+        found = [adapter(0, m) for m in block.modules() if (adapter := heads_adapter(m))]
+        mlps = [m.down_proj.in_features for m in block.modules() if isinstance(getattr(m, "down_proj", None), nn.Linear)]
+        entry = {"layer": getattr(block, LAYER_MARK, position)}
+        if found:
+            entry.update(heads=found[0].n_heads, kv_heads=found[0].n_kv_heads)
+        entry["neurons"] = mlps[0] if mlps else None
+        out["language"].append(entry)
+    if "vision" in towers(model):
+        out["vision"] = [{"layer": h.layer, "heads": h.n_heads} for h in attention_heads(model, "vision")]
+    return out
+
+
+def structure(before: dict[str, list[dict]], after: dict[str, list[dict]]) -> dict:
+    """What was removed where: the original layers gone, and per tower the widths before and after."""
+    kept = {entry["layer"] for entry in after["language"]}
+    return {"layers_before": len(before["language"]),
+            "layers_removed": [entry["layer"] for entry in before["language"] if entry["layer"] not in kept],
+            **{tower: {"before": before[tower], "after": after[tower]} for tower in before}}
+
+
+def sub_config(config, tower: str):
+    """The config stating a tower's shapes (a composite model's text or vision config)."""
+    if getattr(config, "text_config", None) is None:
+        return config
+    return config.text_config if tower == "language" else config.vision_config
+
+
+def padded(heads: Heads, n_heads: int, n_kv_heads: int, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """State-dict entries of one attention module widened to `n_heads` query and `n_kv_heads`
+    key/value heads. Key/value head j and its query heads keep the first slots of group j; the
+    added heads have zero query, key, value and output-projection weights, so they contribute 0."""
+    d, slots, group = heads.head_dim, heads.n_heads // heads.n_kv_heads, n_heads // n_kv_heads
+    rows = head_index([(h // slots) * group + h % slots for h in range(heads.n_heads)], d)
+    kv_rows = torch.arange(heads.n_kv_heads * d)
+    out = {}
+
+    def place(linear: nn.Linear, dim: int, size: int, index: torch.Tensor) -> None:
+        for kind in ("weight", "bias"):
+            tensor = getattr(linear, kind)
+            if tensor is None or (kind == "bias" and dim == 1):
+                continue
+            shape = list(tensor.shape)
+            shape[dim] = size
+            out[f"{names[id(linear)]}.{kind}"] = tensor.detach().new_zeros(shape).index_copy_(
+                dim, index.to(tensor.device), tensor.detach())
+
+    q, k, v = heads.qkv_linears()
+    place(q, 0, n_heads * d, rows)
+    for linear in (k, v):
+        place(linear, 0, n_kv_heads * d, kv_rows)
+    place(heads.out_proj, 1, n_heads * d, rows)
+    return out
+
+
+def stated_heads(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
+    """(state-dict entries replaced by padded ones, config fields per tower, notes for pruning.json)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    tensors, fields, notes = {}, {}, []
+    for tower in towers(model):
+        heads = attention_heads(model, tower)
+        if all(getattr(h, "config_states_heads", False) for h in heads):
+            kv = max(h.n_kv_heads for h in heads)
+            target = (kv * max(h.n_heads // h.n_kv_heads for h in heads), kv)
+            fields[tower] = {"num_attention_heads": target[0], "num_key_value_heads": kv, "head_dim": heads[0].head_dim}
+        else:
+            count = sub_config(model.config, tower).num_attention_heads
+            target = (count, count)
+        uneven = [h for h in heads if (h.n_heads, h.n_kv_heads) != target]
+        for h in uneven:
+            tensors.update(padded(h, *target, names))
+        if uneven:
+            notes.append(f"{tower} attention: {len(uneven)} of {len(heads)} layers kept fewer heads than a stock config "
+                         f"can state for every layer; they are stored with {target[0]} query and {target[1]} key/value "
+                         f"heads, the added heads all zeros (they add exactly nothing); `structure` has each layer's "
+                         f"real count")
+    return tensors, fields, notes
+
+
+def check_shapes(model: nn.Module, config, state: dict[str, torch.Tensor]) -> None:
+    """Every tensor has the shape the written config builds (the architecture built on the meta
+    device, no memory): a mismatch would only surface when someone loads the folder."""
+    with torch.device("meta"):
+        reference = type(model)(config)
+    expected = {key: tuple(t.shape) for key, t in reference.state_dict().items()}
+    wrong = [f"{key}: {tuple(t.shape)}, config gives {expected.get(key)}"
+             for key, t in state.items() if expected.get(key) != tuple(t.shape)]
+    if wrong:
+        raise ValueError(f"the pruned {type(model).__name__} has shapes its config cannot state, so it cannot be "
+                         f"exported as a Hugging Face folder ({len(wrong)} tensors): " + "; ".join(wrong[:5]))
+
+
+def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[dict]]) -> dict:
+    """Writes `loaded` (pruned) into `folder`: safetensors, config.json, generation config,
+    tokenizer or processor, and pruning.json (`record` plus structure, dtype and notes). `before`:
+    `widths` of the model before pruning. Returns what pruning.json holds."""
+    from transformers import PreTrainedModel
+
+    model = loaded.model
+    if not isinstance(model, PreTrainedModel):
+        raise ValueError(f"{type(model).__name__} is not a Hugging Face model: export writes a from_pretrained folder")
+    tensors, fields, notes = stated_heads(model)
+    config = copy.deepcopy(model.config)
+    for tower, values in fields.items():
+        for key, value in values.items():
+            setattr(sub_config(config, tower), key, value)
+    state = {**model.state_dict(), **tensors}
+    check_shapes(model, config, state)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, state_dict=state)
+    config.save_pretrained(folder)  # the padded head counts, where any layer was padded
+    (loaded.processor or loaded.tokenizer).save_pretrained(folder)
+    pruning = {**record, "dtype": str(model.dtype).removeprefix("torch."), "params_stored": stored_parameters(folder),
+               "params_nonzero": count_parameters(model, nonzero=True),
+               "structure": structure(before, widths(model)),
+               # a layer padded with zero heads is in `notes`; everything else is at its pruned shape
+               "padded": bool(notes),
+               "storage": [*notes, "removed layers are gone, and so are heads and MLP neurons wherever every layer "
+                                   "keeps the same number; pruned single weights (unstructured, N:M) are zeros in "
+                                   "dense tensors"]}
+    (folder / "pruning.json").write_text(json.dumps(pruning, indent=2) + "\n")
+    return pruning
+
+
+def stored_parameters(folder: Path) -> int:
+    """Numbers in the folder's safetensors files, read from their headers (a tied LM head is stored once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
+    return total

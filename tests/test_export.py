@@ -1,0 +1,255 @@
+"""export=true and prunebench-export: the pruned model as a Hugging Face folder that reloads (through
+model=hf_causal, pruner=none) to the run's own predictions, at fp32, document by document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.job import run
+from prunebench.report.predictions import read_predictions
+from prunebench.validate import ConfigError
+
+TASK = TINY_MC[1:]  # the local multiple-choice task, without the model
+JOB = ["tracking.ensure_dense=false", "limit=4"]
+
+
+@pytest.fixture
+def calib(tmp_path) -> list[str]:
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. Question: What is the capital of France? " * 30)
+    return ["calib=file", f"calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"]
+
+
+def last_run():
+    return mlflow.search_runs(experiment_names=["prunebench"], output_format="list",
+                              order_by=["attributes.start_time DESC"])[0]
+
+
+def exported_folder(run_, tmp_path: Path) -> Path:
+    where = run_.data.tags["prunebench.export"]
+    kind, _, target = where.partition(":")
+    if kind == "dir":
+        return Path(target)
+    assert kind == "mlflow-model" and target.startswith("models:/"), where
+    return Path(mlflow.artifacts.download_artifacts(target, dst_path=str(tmp_path / run_.info.run_id)))
+
+
+def reloaded_run(folder: Path, task: list[str], family: str = "causal_lm", model: str = "hf_causal"):
+    """The exported folder evaluated as a dense model on `task`: (its metrics, its run)."""
+    metrics = run(compose_cfg([f"model={model}", f"model.path={folder}", f"model.family={family}", *task, *JOB,
+                               "pruner=none"]))
+    return metrics, last_run()
+
+
+def assert_same(pruned, reloaded, task: str, metrics: tuple[str, ...]) -> None:
+    """The same weights, shapes and tokenizer run the same kernels: equal bit for bit at fp32."""
+    for key in metrics:
+        assert reloaded.data.metrics[f"{task}/{key}"] == pruned.data.metrics[f"{task}/{key}"], key
+    def documents(run_):  # a generation task lists documents in its batches' order: by id
+        return sorted(read_predictions(run_.info.run_id, task), key=lambda record: record["doc_id"])
+
+    assert documents(reloaded) == documents(pruned)
+
+
+def round_trip(model: str, overrides: list[str], tmp_path: Path, family: str = "causal_lm"):
+    """Runs the pruned job with export=true, then the export as a dense hf_causal model on the same
+    documents; returns (pruned run, reloaded run, the folder, its pruning.json)."""
+    run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=true"]))
+    pruned = last_run()
+    folder = exported_folder(pruned, tmp_path)
+    _, reloaded = reloaded_run(folder, TASK, family)
+    assert_same(pruned, reloaded, "local_mc", ("acc", "acc_norm"))
+    return pruned, reloaded, folder, json.loads((folder / "pruning.json").read_text())
+
+
+def test_magnitude_export_is_a_logged_model_of_the_run_that_the_registry_takes(store, tmp_path):
+    pruned, _, folder, pruning = round_trip("tiny-llama", ["pruner=magnitude"], tmp_path)
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "pruning.json"} <= {p.name for p in folder.iterdir()}
+    assert pruning["run_id"] == pruned.info.run_id
+    assert pruning["run_key"] == pruned.data.tags["prunebench.run_key"]
+    assert pruning["pruner"]["name"] == "magnitude" and pruning["sparsity"] == 0.5
+    assert pruning["achieved"]["sparsity/actual"] == pruned.data.metrics["sparsity/actual"]
+    assert pruning["params_nonzero"] == pruned.data.metrics["params/nonzero"]
+    assert not pruning["padded"] and pruning["structure"]["layers_removed"] == []
+    # the logged model is the run's output, and the Model Registry registers it
+    uri = pruned.data.tags["prunebench.export"].removeprefix("mlflow-model:")
+    model_id = uri.removeprefix("models:/")
+    assert [m.model_id for m in MlflowClient().get_run(pruned.info.run_id).outputs.model_outputs] == [model_id]
+    assert mlflow.get_logged_model(model_id).source_run_id == pruned.info.run_id
+    version = mlflow.register_model(uri, "tiny-llama-magnitude")
+    assert version.source == uri and version.status == "READY"
+
+
+def test_wanda_2_4_export_keeps_the_pattern_in_dense_tensors(store, tmp_path, calib):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, _, folder, _ = round_trip("tiny-llama", ["pruner=wanda", "pruner.pattern='2:4'", *calib], tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    assert weight.shape == (64, 128)
+    assert int((weight.reshape(-1, 4) != 0).sum(1).max()) == 2 and torch.count_nonzero(weight) == weight.numel() // 2
+
+
+def test_layers_bi_export_has_fewer_layers_and_fewer_parameters_by_the_block_removed(store, tmp_path, calib):
+    from prunebench.models.cache import get_model
+    from prunebench.models.introspection import count_parameters, transformer_blocks
+
+    pruned, _, folder, pruning = round_trip("tiny-llama", ["pruner=layers_bi", *calib], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    assert pruning["structure"]["layers_before"] == 2 and len(pruning["structure"]["layers_removed"]) == 1
+    dense = get_model(compose_cfg(["model=tiny-llama"]).model).model
+    block = count_parameters(transformer_blocks(dense)[1][0])
+    assert pruning["params_stored"] == count_parameters(dense) - block
+
+
+def test_heads_his_export_pads_layers_with_fewer_heads_to_a_stock_shape(store, tmp_path, calib):
+    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=heads_his", *calib], tmp_path)
+    after = pruning["structure"]["language"]["after"]
+    config = json.loads((folder / "config.json").read_text())
+    # global ranking leaves layers with different heads; each is stored with the most key/value heads
+    # of any layer and the most query heads per key/value head, its own in the first slots, zeros after
+    kv, group = max(layer["kv_heads"] for layer in after), max(layer["heads"] // layer["kv_heads"] for layer in after)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (kv * group, kv)
+    assert pruning["padded"] == any((layer["heads"], layer["kv_heads"]) != (kv * group, kv) for layer in after)
+    assert pruning["padded"]  # this run's ranking does leave them uneven: the case the test is for
+
+
+def test_mop_export_writes_the_narrower_widths_into_the_config(store, tmp_path, calib):
+    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=mop", *calib], tmp_path)
+    after = pruning["structure"]["language"]["after"]
+    config = json.loads((folder / "config.json").read_text())
+    # MoP's G steps keep the same widths in every layer: the config states them, nothing is padded
+    assert not pruning["padded"] and config["intermediate_size"] == after[0]["neurons"] < 128
+    assert pruning["achieved"]["mop/sequence"]
+
+
+def test_tiny_mixtral_wanda_export_round_trips(store, tmp_path, calib):
+    _, _, folder, _ = round_trip("tiny-mixtral", ["pruner=wanda", *calib], tmp_path, family="moe")
+    assert json.loads((folder / "config.json").read_text())["num_local_experts"] == 8
+
+
+def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib, caplog):
+    from prunebench.export_cli import main
+
+    run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib]))
+    pruned = last_run()
+    assert "prunebench.export" not in pruned.data.tags
+    # export=true does not change the run key: the finished run is skipped, and the log says what to run
+    with caplog.at_level("WARNING", logger="prunebench.job"):
+        assert run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib, "export=true"])) is None
+    assert f"prunebench-export {pruned.info.run_id}" in caplog.text
+    assert main([pruned.info.run_id, "--tracking-uri", store]) == 0
+    pruned = MlflowClient().get_run(pruned.info.run_id)
+    folder = exported_folder(pruned, tmp_path)
+    assert json.loads((folder / "pruning.json").read_text())["run_id"] == pruned.info.run_id
+    _, reloaded = reloaded_run(folder, TASK)
+    assert_same(pruned, reloaded, "local_mc", ("acc", "acc_norm"))
+
+
+def test_prunebench_export_refuses_a_rebuild_that_differs_from_the_run(store, tmp_path, capsys):
+    from prunebench.export_cli import main
+
+    run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=magnitude"]))
+    pruned = last_run()
+    MlflowClient().log_metric(pruned.info.run_id, "params/nonzero", 12345.0, step=1)  # as if another model ran
+    assert main([pruned.info.run_id, "--tracking-uri", store]) == 1
+    assert "params/nonzero: run 12345.0" in capsys.readouterr().err
+    assert "prunebench.export" not in MlflowClient().get_run(pruned.info.run_id).data.tags
+    assert main(["no-such-run", "--tracking-uri", store]) == 2
+
+
+def test_tiny_llava_exports_with_its_processor(store, tmp_path):
+    task = ["task=easy_vqa", "trainer.enable_progress_bar=false"]
+    run(compose_cfg(["model=tiny-llava", *task, *JOB, "pruner=magnitude", "export=true"]))
+    pruned = last_run()
+    folder = exported_folder(pruned, tmp_path)
+    assert (folder / "processor_config.json").exists() or (folder / "preprocessor_config.json").exists()
+    _, reloaded = reloaded_run(folder, task, family="vlm", model="hf_vlm")
+    assert_same(pruned, reloaded, "easy_vqa", ("exact_match",))
+
+
+def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
+    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
+    assert folder == tmp_path / "models" / pruned.info.run_id
+    assert pruned.data.tags["prunebench.export"] == f"dir:{folder}"
+    assert not pruned.outputs.model_outputs  # nothing copied into the artifact store
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["export=yes"], "export='yes'"),
+    (["export_dir=/tmp/x"], "export=false"),
+    (["model=tiny-vit", "export=true"], "timm model"),
+    (["model=tiny-mixtral", "pruner=moe_topk", "export=true"], "not its weights"),
+])
+def test_bad_export_options_fail_before_any_model_loads(overrides, message):
+    from prunebench.validate import check_export
+    from hydra.utils import get_class
+
+    cfg = compose_cfg(overrides)
+    with pytest.raises(ConfigError, match=message):
+        check_export(cfg, get_class(cfg.pruner._target_))
+
+
+def test_an_unwritable_export_dir_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="is not a folder this process can write"):
+        from prunebench.validate import validate
+
+        validate(compose_cfg([*TINY_MC, "export=true", f"export_dir={blocker / 'sub'}"]))
+
+
+def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tmp_path):
+    """CLIP derives its head size from hidden_size / num_attention_heads, so a tower with fewer heads
+    is stored at the config's count, the removed ones as zeros: the reloaded model computes the
+    pruned one's logits exactly (a zero head adds 0.0 to every sum)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from prunebench.models.cache import get_model
+    from prunebench.models.export import mark_layers, widths, write_pretrained
+    from test_vlm_pruning import image_inputs, pruned
+
+    base = get_model(compose_cfg(["model=tiny-llava"]).model)
+    before = widths(base.model)
+    mark_layers(base.model)
+    sliced, _ = pruned(base, ["pruner=heads_l2", "pruner.tower=vision"], 0.25)  # 2 of the 8 CLIP heads
+    assert sum(p.numel() for p in sliced.model.parameters()) < sum(p.numel() for p in base.model.parameters())
+    pruning = write_pretrained(sliced, tmp_path, {"run_id": "test"}, before)
+    assert pruning["padded"] and "vision attention" in pruning["storage"][0]
+    assert sum(layer["heads"] for layer in pruning["structure"]["vision"]["after"]) == 6
+    again = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()
+    assert again.config.vision_config.num_attention_heads == 4
+    inputs = image_inputs(sliced)
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, sliced.model(**inputs).logits)
+
+
+def test_bert_heads_are_padded_back_to_the_config_count(tmp_path):
+    """BERT, like CLIP, cannot state fewer heads than hidden_size / head size: stored at full count."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from prunebench.models.attention import attention_heads
+    from prunebench.models.cache import get_model
+    from prunebench.models.export import widths, write_pretrained
+    from prunebench.pruners.heads import prune_heads
+
+    loaded = get_model(compose_cfg(["model=tiny-bert-cls"]).model)
+    before = widths(loaded.model)
+    prune_heads(loaded.model, attention_heads(loaded.model), [{0}, {1, 2}])
+    pruning = write_pretrained(loaded, tmp_path, {}, before)
+    assert [layer["heads"] for layer in pruning["structure"]["language"]["after"]] == [3, 2] and pruning["padded"]
+    ids = torch.randint(3, 400, (2, 12), generator=torch.Generator().manual_seed(0))
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, loaded.model(input_ids=ids).logits)

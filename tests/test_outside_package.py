@@ -1,0 +1,197 @@
+"""A lab's own pruner, task and experiment, kept in its own package (examples/mylab) and found through
+Hydra's search path (docs/extending.md): installed, they sweep like built-ins with their scores
+cached across ratios, validation reads what the class declares, the score cache tells packages
+apart, and `prunebench-plan` expands the package's experiment."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
+
+from conftest import compose_cfg
+from prunebench.cache import content_key
+from prunebench.job import score_identity
+from prunebench.paths import CONF_DIR
+from prunebench.plan import main as plan_main
+from prunebench.pruners.score_cache import cached_scores
+from prunebench.validate import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "mylab"
+SEARCHPATH = "hydra.searchpath=[pkg://mylab.conf]"
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+
+
+@pytest.fixture
+def mylab(monkeypatch):
+    """The example package importable in this process, as `pip install -e examples/mylab` makes it."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+
+
+@pytest.fixture
+def calib_text(tmp_path) -> Path:
+    """Calibration text for `calib=file`: any text will do for a random tiny model."""
+    path = tmp_path / "calib.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog and keeps on running . " * 40)
+    return path
+
+
+def calibrated(calib_text: Path) -> list[str]:
+    return ["calib=file", f"calib.path={calib_text}", "calib.n_samples=4", "calib.seq_len=32"]
+
+
+def test_the_installed_package_sweeps_its_pruner_on_its_task_scoring_once(tmp_path, calib_text):
+    """pip-installed (not editable, so its configs and questions must travel as package data), the
+    experiment's sweep of mylab's RIA over two ratios runs on mylab's task; the second ratio reads
+    the first one's scores from the cache."""
+    source = tmp_path / "mylab-source"  # a copy: setuptools leaves build/ in the tree it builds
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=300)
+    assert (target / "mylab" / "conf" / "pruner" / "ria.yaml").is_file()
+    assert (target / "mylab" / "data" / "units.jsonl").is_file()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "PRUNEBENCH_CACHE": str(tmp_path / "cache")}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # the preset's pruner axis narrowed to mylab's pruner on the command line (the command line wins)
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", SEARCHPATH, "experiment=ria_vs_wanda",
+                           "model=tiny-llama", "pruner=ria", *calibrated(calib_text), f"tracking.uri={uri}", *QUIET],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("prunebench").experiment_id], order_by=["attributes.start_time ASC"])
+    jobs = [r for r in runs if r.data.tags.get("prunebench.pruner") == "ria"]
+    assert [r.data.tags["prunebench.sparsity"] for r in jobs] == ["0.3", "0.5"]
+    assert [r.data.tags["prunebench.score_cache"] for r in jobs] == ["miss", "hit"]
+    for run in jobs:
+        assert run.info.status == "FINISHED" and run.data.tags["prunebench.task"] == "units_mc"
+        assert run.data.metrics["units_mc/n_docs"] == 8  # the eight questions shipped in mylab/data
+        assert 0 <= run.data.metrics["units_mc/acc_norm"] <= 1
+        # scope=row removes floor(n * sparsity) of each row's n inputs; tiny-llama's rows have 64 or 128
+        assert run.data.metrics["sparsity/actual"] == int(64 * float(run.data.tags["prunebench.sparsity"])) / 64
+    assert len(list((tmp_path / "cache" / "scores").glob("*.safetensors"))) == 1
+
+
+def test_the_plan_expands_the_packages_experiment_against_wanda_and_sparsegpt(mylab, calib_text, capsys, store):
+    assert plan_main([SEARCHPATH, "experiment=ria_vs_wanda", "model=tiny-llama", *calibrated(calib_text)]) == 0
+    out = capsys.readouterr().out
+    assert "6 grid jobs + 1 dense baseline(s): 0 done, 7 left, 0 invalid" in out
+    rows = {line.split("  ")[-1].strip(): line for line in out.splitlines()[3:9]}
+    assert set(rows) == {f"pruner={p} sparsity={s}" for p in ("ria", "wanda", "sparsegpt") for s in (0.3, 0.5)}
+    assert "eval (scores shared)" in rows["pruner=ria sparsity=0.5"]  # the plan knows mylab's scores are cached
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=tiny-mixtral"], r"pruner='ria' cannot apply to model='tiny-mixtral' \(family 'moe'\); "
+                             r"it supports: \['causal_lm', 'vlm'\]"),
+    (["calib=none"], "pruner='ria' needs calibration data, but calib='none'"),
+    (["model=tiny-llava", "task=easy_vqa", "pruner.tower=vision"], r"cannot prune the vision tower .* it prunes: \['language'\]"),
+    (["pruner.pattern='2:4'", "sparsity=0.3"], "pruner='ria' is misconfigured: pruner.pattern='2:4' removes exactly 0.5"),
+    (["pruner.alpha=-1"], r"(?s)pruner='ria' is misconfigured: .*pruner.alpha=-1 must be >= 0"),
+])
+def test_validation_reads_what_the_outside_class_declares(mylab, calib_text, overrides, message):
+    calib = [] if "calib=none" in overrides else calibrated(calib_text)
+    cfg = compose_cfg([SEARCHPATH, "model=tiny-llama", "pruner=ria", "task=units_mc", *calib, *overrides])
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_the_score_cache_keys_on_the_class_not_on_the_config_name(mylab, tmp_path, monkeypatch, calib_text):
+    """Two labs' `ria` (one config, same class name, other modules) never share scores; one class
+    named through a re-export shares its own."""
+    for lab, body in (("otherlab", "from mylab.pruners import RelativeImportancePruner as Base\n\n\n"
+                                   "class RelativeImportancePruner(Base):\n    pass\n"),
+                      ("aliaslab", "from mylab.pruners import RelativeImportancePruner\n")):
+        (tmp_path / lab).mkdir()
+        (tmp_path / lab / "__init__.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+    cfg = compose_cfg([SEARCHPATH, "model=tiny-llama", "pruner=ria", "task=units_mc", *calibrated(calib_text)])
+
+    def key(target: str) -> str:
+        other = copy.deepcopy(cfg)
+        with open_dict(other):
+            other.pruner._target_ = target
+        return content_key(score_identity(other, True))
+
+    mine, theirs, alias = key("mylab.pruners.RelativeImportancePruner"), key("otherlab.RelativeImportancePruner"), \
+        key("aliaslab.RelativeImportancePruner")
+    assert mine != theirs and mine == alias
+
+    class Counting:
+        """A stand-in scorer: counts the scorings the cache lets through."""
+        cacheable, calls = True, 0
+
+        def score(self, loaded, calib):
+            Counting.calls += 1
+            return {"w": torch.ones(2)}
+
+    for target, expect_hit in (("mylab.pruners.RelativeImportancePruner", False),
+                               ("otherlab.RelativeImportancePruner", False), ("aliaslab.RelativeImportancePruner", True)):
+        other = copy.deepcopy(cfg)
+        with open_dict(other):
+            other.pruner._target_ = target
+        _, hit = cached_scores(Counting(), None, None, score_identity(other, True))
+        assert hit is expect_hit, target
+    assert Counting.calls == 2
+
+
+def test_built_in_pruners_keep_the_score_keys_they_had():
+    """score_identity writes the class's module.qualname in place of `_target_`: for every built-in
+    pruner that is the `_target_` itself, so the score caches teams have filled stay valid."""
+    for path in sorted((Path(CONF_DIR) / "pruner").glob("*.yaml")):
+        cfg = compose_cfg(["model=tiny-llama", f"pruner={path.stem}"])
+        assert score_identity(cfg, False)["pruner"] == OmegaConf.to_container(cfg.pruner, resolve=True), path.stem
+
+
+def test_ria_importance_is_relative_share_times_activation_norm(mylab):
+    from mylab.pruners import RelativeImportancePruner
+
+    matrix = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        matrix.weight.copy_(torch.tensor([[1.0, -2.0], [3.0, 4.0]]))
+    norms = torch.tensor([2.0, 3.0])  # ||X_j||, from the cached sums of squares 4 and 9
+    got = RelativeImportancePruner(alpha=0.5).importance({"m": matrix}, {"m": norms ** 2})["m"]
+    # row sums 3, 7; column sums 4, 6
+    want = torch.tensor([[1 / 3 + 1 / 4, 2 / 3 + 2 / 6], [3 / 7 + 3 / 4, 4 / 7 + 4 / 6]]) * norms.sqrt()[None, :]
+    torch.testing.assert_close(got, want)
+
+
+def test_ria_prunes_the_language_tower_of_a_vision_language_model(mylab, calib_text):
+    """`families` declares vlm: a text calibration serves it, and only language-model matrices change."""
+    from prunebench.models.cache import get_model
+
+    cfg = compose_cfg([SEARCHPATH, "model=tiny-llava", "task=easy_vqa", "pruner=ria", *calibrated(calib_text)])
+    validate(cfg)
+    loaded = copy.deepcopy(get_model(cfg.model))
+    before = {n: p.clone() for n, p in loaded.model.named_parameters()}
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    stats = pruner.apply(loaded, pruner.score(loaded, instantiate(cfg.calib, _convert_="all")), 0.5)
+    assert stats["sparsity/actual"] == pytest.approx(0.5)
+    changed = {n for n, p in loaded.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("language_model" in n for n in changed), sorted(changed)[:5]
+
+
+def test_a_model_config_in_a_folder_builds_on_a_built_in_one(tmp_path):
+    """docs/extending.md's model example, read from a file:// folder: its defaults list finds
+    prunebench's hf_causal across the search path."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mylab-llama-ft.yaml").write_text(
+        "defaults:\n  - hf_causal\n  - _self_\nname: mylab-llama-ft\npath: /models/mylab-llama-ft\n"
+        "dtype: bfloat16\nparams_b: 6.7\n")
+    model = compose_cfg([f"hydra.searchpath=[file://{tmp_path}]", "model=mylab-llama-ft"]).model
+    built_in = compose_cfg(["model=hf_causal", "model.path=x"]).model
+    assert model._target_ == built_in._target_ and model.family == "causal_lm"
+    assert (model.name, model.path, model.dtype, model.trust_remote_code) == \
+        ("mylab-llama-ft", "/models/mylab-llama-ft", "bfloat16", False)
