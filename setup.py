@@ -5,11 +5,12 @@ discover, so the list is computed."""
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 CONF = ["prunebench.conf", *("prunebench.conf." + ".".join(p.relative_to("conf").parts)
                              for p in sorted(Path("conf").rglob("*")) if p.is_dir())]
 
-setup(packages=find_packages("src") + CONF, package_dir={"": "src", "prunebench.conf": "conf"},
+# hydra_plugins is a namespace package shared with the launcher plugins (Hydra loads launchers only from it)
+setup(packages=find_packages("src") + find_namespace_packages("src", include=["hydra_plugins.*"]) + CONF, package_dir={"": "src", "prunebench.conf": "conf"},
       # the configs, and BBH's subtask table read by tasks/bbh.py
       package_data={**{name: ["*.yaml", "*.md"] for name in CONF}, "prunebench.tasks": ["*.yaml"]})

@@ -28,6 +28,8 @@ def test_wheel_in_a_fresh_venv_composes_its_own_configs_and_runs_a_job(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {f"prunebench/conf/{p.relative_to(ROOT / 'conf')}" for p in (ROOT / "conf").rglob("*.yaml")}
     assert configs <= names, sorted(configs - names)[:5]
+    # the launcher of prunebench_slurm / slurm_gpu: Hydra loads launchers only from the hydra_plugins namespace
+    assert "hydra_plugins/prunebench_launcher/detachable_launcher.py" in names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

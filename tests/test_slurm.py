@@ -4,13 +4,16 @@ under it; the same sweep rerun then leaves every cell FINISHED exactly once and 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -70,29 +73,31 @@ def job_runs(uri: str):
     return [r for r in runs if "prunebench.sweep" not in r.data.tags]
 
 
-def interrupt(uri: str, env: dict, proc: subprocess.Popen) -> dict[str, list[str]]:
-    """While the sweep runs: cancels two jobs and requeues two others as soon as each holds its claim
-    (inside the job, its run RUNNING), so each is hit mid-job."""
+def interrupt(uri: str, env: dict, going: Callable[[], bool], cancels: int = 2, requeues: int = 2,
+              release_requeued: bool = True) -> dict[str, list[str]]:
+    """While the sweep runs (`going`): cancels `cancels` jobs and requeues `requeues` others as soon as
+    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job."""
     done = {"scancel": [], "requeue": []}
     deadline = time.monotonic() + HANG_GUARD_S
-    while proc.poll() is None and time.monotonic() < deadline:
+    while going() and time.monotonic() < deadline:
         hit = {j for jobs in done.values() for j in jobs}
-        if len(hit) == 4 and not queued(env):
+        if len(hit) == cancels + requeues and not (queued(env) and release_requeued):
             break
-        for run in job_runs(uri) if len(hit) < 4 else ():
+        for run in job_runs(uri) if len(hit) < cancels + requeues else ():
             worker = run.data.tags.get("prunebench.worker", "")
             job = worker.removeprefix("slurm:")  # the array task, as scancel names it (1_7)
             # a job that has not logged its metrics yet is some seconds from its end
             if run.info.status != "RUNNING" or run.data.metrics or job in hit or not worker.startswith("slurm:"):
                 continue
-            if len(done["scancel"]) < 2:
+            if len(done["scancel"]) < cancels:
                 subprocess.run(["scancel", job], env=env, check=True)
                 done["scancel"].append(job)
             else:
                 subprocess.run(["scontrol", "requeue", job], env=env, check=True)
                 done["requeue"].append(job)
             break
-        release(env, done["requeue"])
+        if release_requeued:
+            release(env, done["requeue"])
         time.sleep(0.2)
     return done
 
@@ -120,7 +125,7 @@ def wait_for_empty_queue(env: dict, requeued: list[str]) -> None:
 def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_cell_once(slurm_env, store, tmp_path, sweeps):
     env = {**slurm_env, "MLFLOW_TRACKING_URI": store}
     first = sweeps(env)
-    hit = interrupt(store, env, first)
+    hit = interrupt(store, env, lambda: first.poll() is None)
     # without accounting (no slurmdbd) submitit cannot learn that a cancelled job ended and waits for
     # it forever: stopped as a user would stop it, its SIGTERM closes the sweep's parent run
     if first.poll() is None:
@@ -157,3 +162,95 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
     assert report(["--experiment", "prunebench", "--out", str(tmp_path / "report")]) == 0
     rows = (tmp_path / "report" / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + CELLS
+
+
+# 12 cells of a few seconds each: magnitude keys each sparsity once
+DETACHED = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
+            "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, 13)),
+            "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_slurm", "detach=true",
+            "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
+ROW = re.compile(r"^\s*(\d+)\s+(done|running|failed|waiting|killed|submitting)\s+(\S+)\s+(.*)$")
+
+
+def submit_detached(env: dict) -> dict[str, str]:
+    """The sweep command; it returns once SLURM has the array, naming what a user needs later."""
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *DETACHED], env=env, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = re.search(r"parent run (\w+)\nSLURM job ([\d, ()a-z:]+): (\d+) cell\(s\) submitted, (\d+) answered", proc.stdout)
+    assert found and f"state: prunebench-status {found[1]} --uri " in proc.stdout, proc.stdout[-3000:]
+    return {"parent": found[1], "job": found[2], "submitted": found[3], "answered": found[4]}
+
+
+def status(capsys, *args: str) -> tuple[dict[int, tuple[str, str, str]], str]:
+    """prunebench-status's rows by cell number: (state, SLURM's word, detail and overrides), and its text."""
+    from prunebench.tracking.status import main
+
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    out = capsys.readouterr().out
+    return {int(m[1]): (m[2], m[3], m[4]) for m in map(ROW.match, out.splitlines()) if m}, out
+
+
+def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_completes_it(
+        slurm_env, store, monkeypatch, capsys):
+    env = {**slurm_env, "MLFLOW_TRACKING_URI": store}
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])  # for this process's squeue (prunebench-status)
+    first = submit_detached(env)  # the submitting process has exited here
+    assert (first["submitted"], first["answered"]) == ("12", "0") and first["job"].isdigit()
+    client = MlflowClient(store)
+    arrays = {json.loads(v)["slurm"]: int(k.rsplit(".", 1)[1])
+              for k, v in client.get_run(first["parent"]).data.tags.items() if k.startswith("prunebench.array.")}
+    assert len(arrays) == 12 and all(task.startswith(first["job"] + "_") for task in arrays)
+    hit = interrupt(store, env, lambda: queued(env), cancels=2, requeues=1, release_requeued=False)
+    assert len(hit["scancel"]) == 2 and len(hit["requeue"]) == 1, hit
+    cancelled, (requeued,) = [arrays[j] for j in hit["scancel"]], [arrays[j] for j in hit["requeue"]]
+
+    # SLURM holds the requeued task back: meanwhile the status tells each kind of cell apart
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        rows, out = status(capsys, first["parent"], "--uri", store)
+        if all(rows[c][0] == "killed" for c in cancelled) and rows[requeued][0] == "waiting":
+            break
+        assert time.monotonic() < deadline, out
+        time.sleep(1)
+    assert sorted(rows) == list(range(12)), out
+    for cell in cancelled:
+        assert rows[cell][1] in ("CANCELLED", "GONE") and "stopped by a signal" in rows[cell][2], out
+    assert rows[requeued][1] == "PENDING" and "requeued after a signal" in rows[requeued][2], out
+    for state, word, detail in rows.values():
+        assert state in ("done", "running", "waiting", "killed"), out
+        if state == "running" and word == "RUNNING" and "heartbeat" in detail:
+            assert re.search(r"heartbeat \d+ s ago, slurm:\d+_\d+", detail), out
+        if state == "done":
+            assert re.match(r"\d+ s", detail), out
+    assert client.get_run(first["parent"]).info.status == "RUNNING"
+
+    release(env, hit["requeue"])
+    wait_for_empty_queue(env, hit["requeue"])
+    parent = client.get_run(first["parent"])
+    # counted as the blocking path counts: 2 cancelled runs and the requeued task's first attempt KILLED
+    assert parent.info.status == "FAILED", parent.data.tags
+    assert {k: parent.data.tags[f"prunebench.jobs_{k}"] for k in ("finished", "failed", "killed", "running")} == \
+        {"finished": "10", "failed": "0", "killed": "3", "running": "0"}
+    # closed by the job that found itself the last cell to end, not by a status call
+    assert parent.data.params["prunebench.closed_by"].startswith("slurm:" + first["job"] + "_")
+    sweep_dir = Path(parent.data.tags["hydra.sweep_dir"])
+    logs = [p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*")]
+    assert sum(text.count("sweep report: ") for text in logs) == 1  # written exactly once
+    assert {"report/results.md", "report/results.csv"} <= {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert len((sweep_dir / "report" / "results.csv").read_text().strip().splitlines()) == 1 + 10
+
+    rows, out = status(capsys, "latest", "--uri", store)
+    assert Counter(state for state, _, _ in rows.values()) == {"done": 10, "killed": 2}, out
+    assert "closed FAILED (10 finished, 0 failed, 3 killed, 0 running)" in out and "nothing left" in out
+
+    second = submit_detached(env)  # the same command: only the two cancelled cells are submitted again
+    assert (second["submitted"], second["answered"]) == ("2", "10")
+    wait_for_empty_queue(env, [])
+    parent = client.get_run(second["parent"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["prunebench.jobs_finished"] == "2"
+    rows = (Path(parent.data.tags["hydra.sweep_dir"]) / "report" / "results.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 12  # the report covers the whole grid
+    finished = Counter(r.data.tags["prunebench.run_key"] for r in job_runs(store) if r.info.status == "FINISHED")
+    assert len(finished) == 12 and set(finished.values()) == {1}

@@ -31,7 +31,7 @@ def all_runs(uri: str):
     return mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time ASC"])
 
 
-def test_failing_job_fails_alone_then_a_rerun_only_runs_that_cell(store, tmp_path):
+def test_failing_job_fails_alone_then_a_rerun_only_runs_that_cell(store, tmp_path, capsys):
     paths = []
     for i in range(4):
         path = tmp_path / f"q{i}.jsonl"
@@ -54,6 +54,17 @@ def test_failing_job_fails_alone_then_a_rerun_only_runs_that_cell(store, tmp_pat
     report = (Path(parent["tags.hydra.sweep_dir"]) / "report" / "results.md").read_text()
     assert "## Failed jobs (1)" in report and f"{paths[2]}, line 1, column 2" in report
     assert "## Failed jobs (1)" in proc.stdout and "| model | pruner | sparsity | task |" in proc.stdout
+    # prunebench-status reads the same sweep from the store: each cell's state, the failed one's error line
+    from prunebench.tracking.status import main as status
+
+    capsys.readouterr()
+    assert status(["latest"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
+    assert [(row[0], row[1]) for row in rows] == [("0", "done"), ("1", "done"), ("2", "failed"), ("3", "done")], out
+    failed_line = next(line for line in out.splitlines() if line.split()[:2] == ["2", "failed"])
+    assert f"{paths[2]}, line 1, column 2" in failed_line, out
+    assert "4 cell(s): 3 done, 1 failed; nothing left" in out and "closed FAILED (3 finished, 1 failed" in out
     paths[2].write_text(MC_FIXTURE.read_text())
     sweep(grid, "pruner=none")
     runs = all_runs(store)

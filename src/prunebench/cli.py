@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from prunebench.groups import listing
 from prunebench.paths import CONF_DIR
 from prunebench.plan import format_plan, plan
-from prunebench.tracking.sweep import PARENT_ENV
+from prunebench.tracking import server, store
+from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
 # the help template passes ${hydra.searchpath}: options a lab keeps in its own package are listed too
@@ -38,7 +39,14 @@ def app(cfg: DictConfig) -> None:
         print(format_plan(plan(overrides, {}, lambda _: cfg), " ".join(overrides)))
         return
     try:
-        run(cfg, overrides, os.environ.get(PARENT_ENV))
+        parent = os.environ.get(PARENT_ENV)
+        if parent is None:
+            run(cfg, overrides)
+        else:  # the job's state on its sweep's parent (prunebench-status), and a detached sweep's closing
+            server.export_http_settings(cfg.tracking)
+            with job_state(store.tracking_uri(cfg.tracking.uri), parent, HydraConfig.get().job.num,
+                           " ".join(overrides), cfg.tracking.claim.stale_s) as end:
+                end.skipped = run(cfg, overrides, parent) is None
     except ConfigError as err:
         log.error("invalid config: %s", err)
         # the message says it all: without the chain of library frames that led to it

@@ -52,16 +52,41 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _slurm_state(job: str) -> str | None:
-    """SLURM's word on a job, or None where squeue cannot say (no SLURM on this host)."""
+def slurm_states(job: str) -> dict[str, str] | None:
+    """SLURM's word on a job, or on each task of an array job (`-r`: one line per task), by the id
+    squeue prints (1234_5); None where squeue cannot say (no SLURM on this host). A job SLURM no
+    longer lists (or refuses as invalid) has ended: it is absent from the answer. `-t all`: an ended
+    job is named as ended (CANCELLED, COMPLETED) for as long as SLURM remembers it."""
     if shutil.which("squeue") is None:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i %T"], capture_output=True, text=True,
+                             timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    # a job SLURM no longer lists (or refuses as invalid) has ended
-    return (out.stdout.split() or ["GONE"])[0] if out.returncode == 0 or "Invalid job id" in out.stderr else None
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        return None
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+
+
+def sacct_states(job: str) -> dict[str, str]:
+    """SLURM's accounting of a job's (or an array's) tasks, kept after squeue forgets them; {} where
+    accounting is off or absent."""
+    if shutil.which("sacct") is None:
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    # "CANCELLED by 0": the state is the first word
+    return {task: state.split()[0] for task, _, state in (line.partition("|") for line in out.stdout.splitlines())
+            if state} if out.returncode == 0 else {}
+
+
+def _slurm_state(job: str) -> str | None:
+    states = slurm_states(job)
+    return None if states is None else states.get(job, "GONE")
 
 
 def holder_gone(run, me: str, stale_s: float) -> str | None:

@@ -14,7 +14,7 @@ from prunebench.cache import content_key
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
 # `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
 # `export`, `export_dir`: a copy of the pruned model written after the numbers are made.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "vision_data", "judge", "export", "export_dir")
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge", "export", "export_dir")
 # model-config keys that never change a job's numbers
 MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
 # judge-config keys that say how to reach the judge, not which model grades

@@ -3,28 +3,47 @@
 Hydra skips `on_multirun_end` when a job raised, so the parent is also closed at interpreter exit.
 Children find the parent through an environment variable, which joblib workers inherit. The
 sweep's report is built by the function the config names (`report`), so tracking imports nothing
-of the report, which reads tracking's runs."""
+of the report, which reads tracking's runs.
+
+A detached sweep (`detach=true`: the submitting process returns once SLURM has the
+array) is closed by whichever process finds every cell ended: the last job to end, or
+`prunebench-status`. Exactly one closes it: closing begins by logging the parameter
+`prunebench.closed_by` with a value of the closer's own. MLflow parameters cannot change once
+logged and the SQL stores (SQLite, a tracking server's PostgreSQL) enforce it with the parameters'
+primary key, so of two closers that try at once the second's write is refused: the compare-and-set
+MLflow offers nowhere else."""
 
 from __future__ import annotations
 
 import atexit
 import logging
 import os
+import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from prunebench.api.errors import ConfigError
-from prunebench.tracking import claim, server, store
+from prunebench.tracking import cells, claim, server, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
 # a tag on the parent per grid cell answered by a run made earlier (a skipped job, a dense baseline
 # already in the store): with the parent's children, the sweep's report covers its whole grid
 CELL_TAG = "prunebench.cell."
+DETACHED_TAG = "prunebench.detached"
+# what a closer of a detached sweep needs that only the submitting process's config knew
+REPORT_TAG, STALE_TAG = "prunebench.report", "prunebench.stale_s"
+CLOSER_PARAM = "prunebench.closed_by"
+# set once the launcher has handed every cell to SLURM: before it, no cell count is complete
+SUBMITTED_TAG = "prunebench.submitted"
+DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
@@ -45,6 +64,7 @@ class SweepRunCallback(Callback):
     def __init__(self, report: str | None = None, planner: str | None = None) -> None:
         self.report, self.planner = report, planner
         self.run_id: str | None = None
+        self.submitted = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
@@ -58,48 +78,154 @@ class SweepRunCallback(Callback):
         except ConfigError as err:  # Hydra would only warn of a callback's exception and run every job into it
             raise SystemExit(f"prunebench: invalid config: {err}") from None
         self.uri, self.experiment = uri, config.tracking.experiment
-        self.sweep_dir = Path(config.hydra.sweep.dir)  # HydraConfig is not set yet here
+        # absolute: a detached sweep's closer may run in another working directory
+        self.sweep_dir = Path(config.hydra.sweep.dir).absolute()  # HydraConfig is not set yet here
         self.stale_s = config.tracking.claim.stale_s
+        self.detached = bool(config.get("detach"))
+        if self.detached and config.hydra.launcher.get("_target_") != DETACHABLE:
+            raise SystemExit(f"prunebench: invalid config: detach=true needs hydra/launcher=prunebench_slurm or "
+                             f"slurm_gpu (the launcher that returns once SLURM has the array), not "
+                             f"{config.hydra.launcher.get('_target_')}")
         exp_id = store.experiment_id(uri, self.experiment)
         overrides = " ".join(config.hydra.overrides.task)
+        detached = {DETACHED_TAG: "true", REPORT_TAG: self.report or "", STALE_TAG: str(self.stale_s)}
         run = MlflowClient(uri).create_run(exp_id, run_name=f"sweep {self.sweep_dir.name}", tags={
             "prunebench.sweep": "true", "hydra.overrides": overrides, "hydra.sweep_dir": str(self.sweep_dir),
-            "git.sha": store.git_sha()})
+            "git.sha": store.git_sha(), **(detached if self.detached else {})})
         self.run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.run_id
-        atexit.register(self.close)
+        # a detached sweep outlives this process (its cells close it) unless its submission failed
+        atexit.register(self.abandon if self.detached else self.close)
         log.info("sweep parent run %s", self.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self.close()
+        if not self.detached:
+            self.close()
+            return
+        MlflowClient(self.uri).set_tag(self.run_id, SUBMITTED_TAG, "true")
+        self.submitted = True
+        # every cell may have ended already (or none was left to submit): then no job closes it
+        close_if_done(self.uri, self.run_id, self.stale_s)
+        parent = MlflowClient(self.uri).get_run(self.run_id)
+        arrays = cells.numbered(parent.data.tags, cells.ARRAY_TAG)
+        jobs = sorted({a["slurm"].split("_")[0] for a in arrays.values() if a.get("slurm")})
+        print(f"sweep submitted, detached: parent run {self.run_id}\n"
+              f"SLURM job {', '.join(jobs) or '(none: every cell is done or running elsewhere)'}: "
+              f"{len(arrays)} cell(s) submitted, {len(cell_run_ids(parent))} answered by runs already in the store\n"
+              f"state: prunebench-status {self.run_id} --uri {absolute_uri(self.uri)}\n"
+              f"report: written by the last cell to end, to {self.sweep_dir / 'report'} and under report/ "
+              f"in the parent run", flush=True)
+
+    def abandon(self) -> None:
+        """A detached sweep whose submission broke off (sbatch refused, Ctrl-C) ends FAILED here:
+        no cell of it would ever close it."""
+        if self.run_id is not None and not self.submitted:
+            client = MlflowClient(self.uri)
+            client.set_tag(self.run_id, "prunebench.error", "the submission did not complete")
+            client.set_terminated(self.run_id, "FAILED")
 
     def close(self) -> None:
-        """FINISHED when every child finished; FAILED (documented) when any child failed or was
-        killed, with counts in tags. Then the sweep's report is logged to the parent."""
         if self.run_id is None:
             return
         run_id, self.run_id = self.run_id, None
         os.environ.pop(PARENT_ENV, None)
-        client = MlflowClient(self.uri)
-        children = client.search_runs([client.get_run(run_id).info.experiment_id],
-                                      filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
-        # a job killed outright (SIGKILL, scancel) could not end its own run
-        ended = {c.info.run_id for c in children if c.info.status == "RUNNING"
-                 and claim.end_if_gone(client, c, claim.worker_id(), self.stale_s)}
-        statuses = ["KILLED" if c.info.run_id in ended else c.info.status for c in children]
-        counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING")}
-        for status, n in counts.items():
-            client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
-        try:
-            # a resumed sweep whose every job was done before still reports its grid
-            if self.report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
-                out = get_method(self.report)(self.experiment, run_id, self.sweep_dir / "report")
-                client.log_artifacts(run_id, str(out), "report")
-                # the sweep's answer, where its user looks: not only the path to it
-                print((out / "results.md").read_text(), flush=True)
-                log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
-        except Exception:  # a report failure must not lose the sweep's status
-            log.exception("could not build the sweep report")
-        failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"]
-        client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
-        log.info("sweep %s: %s", run_id, counts)
+        close_sweep(self.uri, run_id, self.experiment, self.report, self.sweep_dir, self.stale_s)
+
+
+def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, sweep_dir: Path, stale_s: float) -> None:
+    """FINISHED when every child finished; FAILED (documented) when any child failed or was
+    killed, with counts in tags. Then the sweep's report is logged to the parent."""
+    client = MlflowClient(uri)
+    children = client.search_runs([client.get_run(run_id).info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=5000)
+    # a job killed outright (SIGKILL, scancel) could not end its own run
+    ended = {c.info.run_id for c in children if c.info.status == "RUNNING"
+             and claim.end_if_gone(client, c, claim.worker_id(), stale_s)}
+    statuses = ["KILLED" if c.info.run_id in ended else c.info.status for c in children]
+    counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING")}
+    for status, n in counts.items():
+        client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
+    try:
+        # a resumed sweep whose every job was done before still reports its grid
+        if report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
+            out = get_method(report)(experiment, run_id, sweep_dir / "report")
+            client.log_artifacts(run_id, str(out), "report")
+            # the sweep's answer, where its user looks: not only the path to it
+            print((out / "results.md").read_text(), flush=True)
+            log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
+    except Exception:  # a report failure must not lose the sweep's status
+        log.exception("could not build the sweep report")
+    failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"]
+    client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+    log.info("sweep %s: %s", run_id, counts)
+
+
+def absolute_uri(uri: str) -> str:
+    """A SQLite store named relative to this working directory, named so that any directory reaches it."""
+    return f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}" if uri.startswith("sqlite:///") else uri
+
+
+def close_if_done(uri: str, run_id: str, stale_s: float) -> bool:
+    """Closes a detached sweep whose every cell has ended, if this process wins the closing (the
+    module's docstring); True when it closed it."""
+    client = MlflowClient(uri)
+    parent = client.get_run(run_id)
+    tags = parent.data.tags
+    if (parent.info.status != "RUNNING" or tags.get(DETACHED_TAG) != "true" or tags.get(SUBMITTED_TAG) != "true"
+            or CLOSER_PARAM in parent.data.params):
+        return False
+    stale_s = float(parent.data.tags.get(STALE_TAG, stale_s))
+    if not all(cell.ended for cell in cells.read_cells(client, run_id, stale_s)):
+        return False
+    me = f"{claim.worker_id()} {uuid.uuid4().hex[:8]}"
+    try:
+        client.log_param(run_id, CLOSER_PARAM, me)
+    except MlflowException:  # another closer's value is there: it closes
+        pass
+    if client.get_run(run_id).data.params.get(CLOSER_PARAM) != me:
+        return False
+    log.info("the sweep's last cell has ended: closing sweep %s", run_id)
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)  # the report reads the store through MLflow's fluent API
+    close_sweep(uri, run_id, client.get_experiment(parent.info.experiment_id).name,
+                parent.data.tags.get(REPORT_TAG) or None, Path(parent.data.tags["hydra.sweep_dir"]), stale_s)
+    return True
+
+
+class JobEnd:
+    """What a job that returned did: ran its cell, or found it done (`skipped`)."""
+    skipped = False
+
+
+@contextmanager
+def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: float):
+    """Around one sweep job: its state on the parent (`cells`), then, when its sweep is detached,
+    the sweep's closing if this was its last cell to end. A job stopped by a signal (KILLED) may be
+    requeued, so it never closes: the next job to end or `prunebench-status` does."""
+    client = MlflowClient(uri)
+    state = {"state": "RUNNING", "worker": claim.worker_id(), "start": time.time(), "overrides": overrides}
+    cells.job_tag(client, parent_run_id, num, state)
+    end = JobEnd()
+    try:
+        yield end
+    except Exception as err:
+        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.FAILED, "end": time.time(),
+                                                   "error": f"{type(err).__name__}: {err}"[:1000]})
+        close_quietly(uri, parent_run_id, stale_s)
+        raise
+    except BaseException:
+        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
+        raise
+    cells.job_tag(client, parent_run_id, num, {**state, "state": "SKIPPED" if end.skipped else "FINISHED",
+                                               "end": time.time()})
+    close_quietly(uri, parent_run_id, stale_s)
+
+
+def close_quietly(uri: str, run_id: str, stale_s: float) -> None:
+    """A job's closing attempt: a failure is logged, never the job's own outcome (a status call or
+    the next job closes the sweep instead)."""
+    try:
+        close_if_done(uri, run_id, stale_s)
+    except Exception:
+        log.exception("could not check whether sweep %s has ended", run_id)
