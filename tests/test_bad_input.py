@@ -17,8 +17,9 @@ from prunebench.validate import ConfigError
 GOOD = {"question": "2+2?", "choices": ["4", "5"], "label": 0}
 
 
-def write_jsonl(path, lines: list[str]) -> str:
-    path.write_text("".join(line + "\n" for line in lines))
+def write_jsonl(path, lines: list[str | bytes]) -> str:
+    """`bytes` lines are written as they are (a file that is not UTF-8)."""
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
     return str(path)
 
 
@@ -39,6 +40,10 @@ CASES = {
                                     ["loglikelihood requests", "tiny-vit", "vision"]),
     "image task on a text model": (None, ["model=tiny-llama", "task=easy_vqa", "pruner=none"],
                                    ["with images", "tiny-llama", "vlm"]),
+    "not UTF-8": ([json.dumps(GOOD), '{"question": "caf\xe9?", "choices": ["a", "b"], "label": 0}'.encode("latin-1")],
+                  [], ["cases.jsonl, line 2, column 18 (byte 73 of the file)", "not UTF-8", "b'\\xe9'"]),
+    "choices a string": ([json.dumps(GOOD), json.dumps({**GOOD, "choices": "45"})], [],
+                         ["document 1 of", "cases.jsonl", "doc_to_choice='{{choices}}' gave 45", "a JSON list"]),
     "unknown tracking scheme": ([json.dumps(GOOD)], ["tracking.uri=garbage://x"], ["tracking.uri='garbage://x'"]),
 }
 
