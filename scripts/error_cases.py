@@ -20,7 +20,7 @@ import mlflow
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
-from test_bad_input import CASES, mc, write_jsonl  # noqa: E402  (the cases are the test's)
+from test_bad_input import CASES, case_overrides  # noqa: E402  (the cases are the test's)
 
 from conftest import TINY_MC  # noqa: E402
 
@@ -39,13 +39,11 @@ def message(stderr: str) -> str:
 def main() -> None:
     print("| case | message | exit | wall s | CPU s | runs RUNNING |")
     print("|---|---|---|---|---|---|")
-    cases = {name: (lines, extra) for name, (lines, extra, _) in CASES.items()}
-    cases.update({name: (None, [*TINY_MC[:1], *extra]) for name, extra in CONFIG_CASES.items()})
-    for name, (lines, extra) in cases.items():
+    for name in [*CASES, *CONFIG_CASES]:
         if sys.argv[1:] and name not in sys.argv[1:]:  # the cases named on the command line, else all
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            overrides = mc(write_jsonl(Path(tmp) / "cases.jsonl", lines), *extra) if lines is not None else extra
+            overrides = case_overrides(name, Path(tmp)) if name in CASES else [*TINY_MC[:1], *CONFIG_CASES[name]]
             uri = f"sqlite:///{tmp}/mlflow.db"
             start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run([sys.executable, "-m", "prunebench", *overrides, "trainer.enable_progress_bar=false"],

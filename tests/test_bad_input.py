@@ -3,6 +3,7 @@ no run is left RUNNING (docs/errors.md lists the cases and their messages)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -27,6 +28,25 @@ def mc(path: str, *extra: str) -> list[str]:
     return ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={path}", *extra]
 
 
+def png() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (120, 30, 200)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def vizwiz(image_dir_files: dict[str, bytes | None]) -> dict[str, bytes | None]:
+    """A VizWiz file in its schema asking about each picture, and the pictures (None: a PNG)."""
+    rows = [{"question": f"What is {n}?", "image": n, "answers": ["x"]} for n in image_dir_files]
+    return {"val.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode(),
+            **{f"images/{n}": data for n, data in image_dir_files.items()}}
+
+
+VIZWIZ = ["model=tiny-llava", "task=vizwiz_vqa", "pruner=none", "task.tasks.vizwiz_vqa.source.path={tmp}/val.jsonl",
+          "task.tasks.vizwiz_vqa.image_dir={tmp}/images"]
+
+
 CASES = {
     # name: (lines of the task file or None, overrides after the file's, words the message must hold)
     "malformed second line": ([json.dumps(GOOD), '{"question": "x", "choices": ["a", "b"], "label": 0'],
@@ -45,7 +65,22 @@ CASES = {
     "choices a string": ([json.dumps(GOOD), json.dumps({**GOOD, "choices": "45"})], [],
                          ["document 1 of", "cases.jsonl", "doc_to_choice='{{choices}}' gave 45", "a JSON list"]),
     "unknown tracking scheme": ([json.dumps(GOOD)], ["tracking.uri=garbage://x"], ["tracking.uri='garbage://x'"]),
+    "0-byte image": (None, VIZWIZ, ["task vizwiz_vqa: 1 image(s) cannot be read", "images/b.png (0 bytes)"]),
+    "unreadable image": (None, VIZWIZ, ["1 image(s) cannot be read", "images/c.jpg (not an image PIL can read"]),
 }
+# files a case writes beside its task file (under {tmp}, which its overrides name); None: a real PNG
+FILES = {"0-byte image": vizwiz({"a.png": None, "b.png": b""}),
+         "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}
+
+
+def case_overrides(name: str, tmp) -> list[str]:
+    """The case's files written under `tmp`, and its overrides."""
+    lines, extra, _ = CASES[name]
+    for relative, data in FILES.get(name, {}).items():
+        (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / relative).write_bytes(png() if data is None else data)
+    extra = [e.format(tmp=tmp) for e in extra]
+    return mc(write_jsonl(tmp / "cases.jsonl", lines), *extra) if lines is not None else extra
 
 
 @pytest.fixture
@@ -57,11 +92,10 @@ def no_model(monkeypatch):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_model):
-    lines, extra, words = CASES[name]
-    overrides = mc(write_jsonl(tmp_path / "cases.jsonl", lines), *extra) if lines is not None else extra
+    overrides = case_overrides(name, tmp_path)
     with pytest.raises(ConfigError) as err:
         job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]))
-    for word in words:
+    for word in CASES[name][2]:
         assert word in str(err.value), str(err.value)
     experiment = mlflow.MlflowClient(store).get_experiment_by_name("prunebench")
     assert experiment is None or not mlflow.MlflowClient(store).search_runs([experiment.experiment_id])
