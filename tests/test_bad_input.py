@@ -8,12 +8,15 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import mlflow
 import pytest
 
 from conftest import TINY_MC, compose_cfg
 from prunebench import job
-from prunebench.validate import ConfigError
+from prunebench.paths import CONF_DIR
+from prunebench.validate import ConfigError, check_root_keys
 
 GOOD = {"question": "2+2?", "choices": ["4", "5"], "label": 0}
 
@@ -65,6 +68,8 @@ CASES = {
     "choices a string": ([json.dumps(GOOD), json.dumps({**GOOD, "choices": "45"})], [],
                          ["document 1 of", "cases.jsonl", "doc_to_choice='{{choices}}' gave 45", "a JSON list"]),
     "unknown tracking scheme": ([json.dumps(GOOD)], ["tracking.uri=garbage://x"], ["tracking.uri='garbage://x'"]),
+    "root key added with +": ([json.dumps(GOOD)], ["+sparsty=0.3"],
+                              ["+sparsty=0.3", "no root key 'sparsty'", "did you mean 'sparsity'"]),
     "0-byte image": (None, VIZWIZ, ["task vizwiz_vqa: 1 image(s) cannot be read", "images/b.png (0 bytes)"]),
     "unreadable image": (None, VIZWIZ, ["1 image(s) cannot be read", "images/c.jpg (not an image PIL can read"]),
 }
@@ -115,3 +120,23 @@ def test_unknown_tracking_scheme_fails_the_sweep_with_one_clear_line(store):
     assert proc.returncode != 0
     assert "tracking.uri='garbage://x'" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
+def test_the_root_keys_an_experiment_sets_are_defined(option):
+    """An experiment's own root keys (hies_vit's vision_data) are the config's, not a typo's."""
+    check_root_keys(compose_cfg([f"experiment={option}"]))
+
+
+@pytest.mark.parametrize("extra", [["+model.device_map=auto"], ["++data_dir=/tmp"], ["seed=3"],
+                                   ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa"]])
+def test_plus_overrides_under_a_defined_root_key_pass(extra):
+    check_root_keys(compose_cfg(extra))
+
+
+def test_a_config_error_prints_once_without_a_traceback_and_exits_2(store, tmp_path):
+    path = write_jsonl(tmp_path / "cases.jsonl", [json.dumps({**GOOD, "label": 5})])
+    proc = subprocess.run([sys.executable, "-m", "prunebench", *mc(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("the gold answer 5 is not one of its 2 choices") == 1, proc.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import importlib.util
 import inspect
 import os
@@ -17,6 +19,7 @@ from prunebench.api.task_keys import task_names
 from prunebench.calibration import LabelledCalibration
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
+from prunebench.paths import CONF_DIR
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
 from prunebench.tracking.store import check_uri, tracking_uri
@@ -39,6 +42,39 @@ def check_device_map(model_cfg: DictConfig) -> None:
                           f"({model_cfg._target_}), so model.device_map cannot place it; use model.device")
     if importlib.util.find_spec("accelerate") is None:
         raise ConfigError("model.device_map needs the accelerate package (pip install accelerate)")
+
+
+@functools.cache
+def root_keys() -> frozenset[str]:
+    """The root keys the config defines: conf/config.yaml's own, the package of each group in its
+    defaults list, and those an option placed at the root (`# @package _global_`: an experiment's
+    `vision_data`) sets. Read from the files: composing every option would take seconds."""
+    conf = Path(CONF_DIR)
+    primary = OmegaConf.load(conf / "config.yaml")
+    keys = {str(key) for key in primary if key not in ("defaults", "hydra")}
+    for path in conf.rglob("*.yaml"):
+        with path.open(encoding="utf-8") as handle:
+            if "@package _global_" in handle.readline():
+                keys |= {str(key) for key in OmegaConf.load(path) if key != "defaults"}
+    for entry in primary.defaults:
+        name = entry if isinstance(entry, str) else next(iter(entry))
+        if name == "_self_" or name.startswith("override "):
+            continue
+        group, _, package = name.removeprefix("optional ").partition("@")
+        keys.add((package or group).split("/")[0].split(".")[0])
+    return frozenset(keys)
+
+
+def check_root_keys(cfg: DictConfig) -> None:
+    """A root key the config does not define comes from a `+key=value` override (Hydra's own
+    suggestion after a typo, `+sparsty=0.3`), which nothing reads: the job would run at the default."""
+    for key in sorted(set(cfg) - root_keys()):
+        close = difflib.get_close_matches(str(key), sorted(root_keys()), n=3)
+        value = cfg[key]
+        shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        raise ConfigError(f"+{key}={shown!r}: the config defines no root key {key!r}, so nothing would read it"
+                          + (f"; did you mean {' or '.join(map(repr, close))} (set it without +)?" if close else "")
+                          + f" Root keys: {sorted(root_keys())}")
 
 
 def check_tower(cfg: DictConfig, pruner_cls) -> None:
@@ -130,6 +166,7 @@ def describe_kind(task) -> str:
 
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
+    check_root_keys(cfg)
     check_uri(tracking_uri(cfg.tracking.uri))
     ratio = cfg.sparsity
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
