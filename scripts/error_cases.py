@@ -47,7 +47,9 @@ def main() -> None:
             uri = f"sqlite:///{tmp}/mlflow.db"
             start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run([sys.executable, "-m", "prunebench", *overrides, "trainer.enable_progress_bar=false"],
-                                  capture_output=True, text=True, cwd=tmp, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+                                  capture_output=True, text=True, cwd=tmp,
+                                  # no case may reach the hub: a hub id is then refused from the cache alone
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri, "HF_HUB_OFFLINE": "1"})
             seconds = time.perf_counter() - start
             used = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime

@@ -70,11 +70,19 @@ CASES = {
     "unknown tracking scheme": ([json.dumps(GOOD)], ["tracking.uri=garbage://x"], ["tracking.uri='garbage://x'"]),
     "root key added with +": ([json.dumps(GOOD)], ["+sparsty=0.3"],
                               ["+sparsty=0.3", "no root key 'sparsty'", "did you mean 'sparsity'"]),
+    "model.path an empty folder": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/empty"],
+                                   ["model.path=", "empty' is a folder without config.json"]),
+    "model.path missing": ([json.dumps(GOOD)], ["model=hf_causal", "model.path=/nonexistent/llama"],
+                           ["model.path='/nonexistent/llama': no such folder", "config.json", "not of a hub id's shape"]),
+    "max_gen_toks over the context": (None, ["model=tiny-llava", "task=easy_vqa", "pruner=none",
+                                             "task.tasks.easy_vqa.max_gen_toks=300"],
+                                      ["task easy_vqa: max_gen_toks=300", "model='tiny-llava''s 256 positions"]),
     "0-byte image": (None, VIZWIZ, ["task vizwiz_vqa: 1 image(s) cannot be read", "images/b.png (0 bytes)"]),
     "unreadable image": (None, VIZWIZ, ["1 image(s) cannot be read", "images/c.jpg (not an image PIL can read"]),
 }
 # files a case writes beside its task file (under {tmp}, which its overrides name); None: a real PNG
-FILES = {"0-byte image": vizwiz({"a.png": None, "b.png": b""}),
+FILES = {"model.path an empty folder": {"empty/": None},
+         "0-byte image": vizwiz({"a.png": None, "b.png": b""}),
          "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}
 
 
@@ -82,6 +90,9 @@ def case_overrides(name: str, tmp) -> list[str]:
     """The case's files written under `tmp`, and its overrides."""
     lines, extra, _ = CASES[name]
     for relative, data in FILES.get(name, {}).items():
+        if relative.endswith("/"):  # a folder, left empty
+            (tmp / relative).mkdir(parents=True, exist_ok=True)
+            continue
         (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp / relative).write_bytes(png() if data is None else data)
     extra = [e.format(tmp=tmp) for e in extra]
@@ -140,3 +151,26 @@ def test_a_config_error_prints_once_without_a_traceback_and_exits_2(store, tmp_p
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("the gold answer 5 is not one of its 2 choices") == 1, proc.stderr
+
+
+def test_a_hub_id_without_the_hub_says_it_was_taken_as_one(store, tmp_path, no_model, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cfg = compose_cfg(mc(write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)]), "model=hf_causal",
+                         "model.path=prunebench-tests/no-such-model"))
+    with pytest.raises(ConfigError, match=r"model.path='prunebench-tests/no-such-model' is no local folder, so it "
+                                          r"was taken as a hub id; its config.json is not in the Hugging Face cache .* "
+                                          r"HF_HUB_OFFLINE=1"):
+        job.run(cfg)
+
+
+def test_the_context_is_read_from_config_json_or_model_max_length(tmp_path):
+    from transformers import LlamaConfig
+
+    from prunebench.validate import model_context
+
+    LlamaConfig(max_position_embeddings=64).save_pretrained(tmp_path)
+    assert model_context(compose_cfg(["model=hf_causal", f"model.path={tmp_path}"]).model) == 64
+    assert model_context(compose_cfg(["model=hf_causal", f"model.path={tmp_path}", "model.max_length=32"]).model) == 32
+    assert model_context(compose_cfg(["model=tiny-llava"]).model) == 256

@@ -19,6 +19,7 @@ from prunebench.api.task_keys import task_names
 from prunebench.calibration import LabelledCalibration
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
+from prunebench.models.pretrained import POSITION_KEYS, checkpoint_config, position_limit
 from prunebench.paths import CONF_DIR
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
@@ -117,6 +118,37 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
                               f"give a writable folder (the model goes to <export_dir>/<run id>)")
 
 
+def model_context(model_cfg: DictConfig) -> int | None:
+    """The positions the model will read, where its config says so without loading it: model.max_length,
+    else the position limit of its config (a tiny model's own; a checkpoint's config.json, which
+    `checkpoint_config` reads, refusing a missing or empty model.path on the way). None: not known here."""
+    config = model_cfg.get("text_config") or model_cfg.get("config")
+    if "path" in model_cfg and "revision" in model_cfg:  # the from_pretrained loaders (hf_causal, hf_vlm, hf_classifier)
+        if OmegaConf.is_missing(model_cfg, "path"):
+            raise ConfigError(f"model={model_cfg.get('_target_', '').rsplit('.', 1)[-1]} needs model.path=<hub id "
+                              f"(org/name) or a local checkpoint folder holding config.json>")
+        try:
+            config = checkpoint_config(str(model_cfg.path), model_cfg.revision, bool(model_cfg.get("trust_remote_code")))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    if model_cfg.get("max_length"):
+        return int(model_cfg.max_length)
+    return position_limit(OmegaConf.to_container(config) if OmegaConf.is_config(config) else config)
+
+
+def check_generation_budget(tasks: dict, model_cfg: DictConfig, context: int | None) -> None:
+    """A generation task's max_gen_toks must leave room for a prompt in the model's positions (the
+    engine refuses it too, once the model has loaded)."""
+    if context is None:
+        return
+    for name, task in tasks.items():
+        budget = getattr(task, "max_gen_toks", None)
+        if budget is not None and budget >= context:
+            raise ConfigError(f"task {name}: max_gen_toks={budget} leaves no room for a prompt in model="
+                              f"{model_cfg.name!r}'s {context} positions (model.max_length, else its config's "
+                              f"{' / '.join(POSITION_KEYS)}); lower task.tasks.<task>.max_gen_toks below {context}")
+
+
 def calibration_config(cfg: DictConfig) -> DictConfig:
     """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
     overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
@@ -202,12 +234,14 @@ def validate(cfg: DictConfig) -> dict:
         lm_eval_rows(cfg.get("eval") or {})
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    context = model_context(cfg.model)
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
         families = task_families(task)
         if families and cfg.model.family not in families:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
+    check_generation_budget(tasks, cfg.model, context)
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)
