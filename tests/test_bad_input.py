@@ -14,6 +14,7 @@ import mlflow
 import pytest
 
 from conftest import TINY_MC, compose_cfg
+from vlm_fixtures import write_vlm_data
 from prunebench import job
 from prunebench.paths import CONF_DIR
 from prunebench.validate import ConfigError, check_root_keys
@@ -77,6 +78,14 @@ CASES = {
     "max_gen_toks over the context": (None, ["model=tiny-llava", "task=easy_vqa", "pruner=none",
                                              "task.tasks.easy_vqa.max_gen_toks=300"],
                                       ["task easy_vqa: max_gen_toks=300", "model='tiny-llava''s 256 positions"]),
+    "judge server refusing connections": (None, ["model=tiny-llava", "task=llava_bench_wild", "pruner=none",
+                                                 "data_dir={tmp}", "task.tasks.llava_bench_wild.image_dir={tmp}/images",
+                                                 "task.tasks.llava_bench_wild.max_gen_toks=8", "judge=openai_compatible",
+                                                 # port 9 (discard): nothing listens on it
+                                                 "judge.url=http://127.0.0.1:9/v1", "judge.model=test-judge",
+                                                 "judge.api_key_env=null"],
+                                          ["task llava_bench_wild's judge (test-judge): judge.url='http://127.0.0.1:9/v1': "
+                                           "no connection", "start the judge server"]),
     "0-byte image": (None, VIZWIZ, ["task vizwiz_vqa: 1 image(s) cannot be read", "images/b.png (0 bytes)"]),
     "unreadable image": (None, VIZWIZ, ["1 image(s) cannot be read", "images/c.jpg (not an image PIL can read"]),
 }
@@ -85,10 +94,15 @@ FILES = {"model.path an empty folder": {"empty/": None},
          "0-byte image": vizwiz({"a.png": None, "b.png": b""}),
          "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}
 
+# cases whose files a test helper writes
+WRITERS = {"judge server refusing connections": write_vlm_data}
+
 
 def case_overrides(name: str, tmp) -> list[str]:
     """The case's files written under `tmp`, and its overrides."""
     lines, extra, _ = CASES[name]
+    if name in WRITERS:
+        WRITERS[name](tmp)
     for relative, data in FILES.get(name, {}).items():
         if relative.endswith("/"):  # a folder, left empty
             (tmp / relative).mkdir(parents=True, exist_ok=True)

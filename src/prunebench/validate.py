@@ -149,6 +149,22 @@ def check_generation_budget(tasks: dict, model_cfg: DictConfig, context: int | N
                               f"{' / '.join(POSITION_KEYS)}); lower task.tasks.<task>.max_gen_toks below {context}")
 
 
+def check_judges(tasks: dict) -> None:
+    """Each judge of a judged task reached once (`reach`: one cheap request), so a judge server that
+    is down fails here rather than after the model has loaded and answered every question."""
+    asked = set()
+    for name, task in tasks.items():
+        for member in getattr(task, "members", [task]):
+            judge = getattr(member, "judge", None)
+            if judge is None or not hasattr(judge, "reach") or repr(judge) in asked:
+                continue
+            asked.add(repr(judge))
+            try:
+                judge.reach()
+            except ValueError as err:
+                raise ConfigError(f"task {member.name}'s judge ({judge.model}): {err}") from None
+
+
 def calibration_config(cfg: DictConfig) -> DictConfig:
     """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
     overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
@@ -242,6 +258,7 @@ def validate(cfg: DictConfig) -> dict:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
     check_generation_budget(tasks, cfg.model, context)
+    check_judges(tasks)
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)
