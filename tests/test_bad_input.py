@@ -4,6 +4,7 @@ no run is left RUNNING (docs/errors.md lists the cases and their messages)."""
 from __future__ import annotations
 
 import io
+import logging
 import json
 import subprocess
 import sys
@@ -188,3 +189,31 @@ def test_the_context_is_read_from_config_json_or_model_max_length(tmp_path):
     assert model_context(compose_cfg(["model=hf_causal", f"model.path={tmp_path}"]).model) == 64
     assert model_context(compose_cfg(["model=hf_causal", f"model.path={tmp_path}", "model.max_length=32"]).model) == 32
     assert model_context(compose_cfg(["model=tiny-llava"]).model) == 256
+
+
+LONG = {**GOOD, "question": "word " * 400}  # over tiny-llama's 256 positions
+
+
+def test_truncated_prompts_are_counted_and_warned_once_per_task(store, tmp_path, caplog):
+    path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD), json.dumps(LONG), json.dumps(LONG)])
+    with caplog.at_level(logging.WARNING, logger="prunebench.job"):
+        metrics = job.run(compose_cfg([*mc(path), "pruner=none", "trainer.enable_progress_bar=false"]))
+    assert metrics["local_mc/n_truncated"] == 2
+    warned = [r.getMessage() for r in caplog.records if "cut from the left" in r.getMessage()]
+    assert len(warned) == 1 and "local_mc: 2 of 3 documents" in warned[0] and "256 positions" in warned[0], warned
+
+
+def test_a_generation_prompt_cut_to_leave_room_is_counted(tmp_path):
+    from hydra.utils import instantiate
+
+    from prunebench.evaluation.generation import GenerationDataModule
+    from prunebench.tasks.generation import GenerateUntilTask
+    from prunebench.tasks.sources import JsonSource
+
+    path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD), json.dumps(LONG)])
+    task = GenerateUntilTask(name="g", source=JsonSource(path), doc_to_text="{{question}}", doc_to_target="{{label}}",
+                             max_gen_toks=8)
+    data = GenerationDataModule(task, instantiate(compose_cfg(["model=tiny-llama"]).model))
+    data.setup("test")
+    assert data.truncated == 1
+    assert max(len(item.tokens) for batch in data.batches for item in batch) == 256 - 8
