@@ -25,7 +25,9 @@ from test_bad_input import CASES, case_overrides  # noqa: E402  (the cases are t
 from conftest import TINY_MC  # noqa: E402
 
 CONFIG_CASES = {"unknown experiment": ["experiment=nope"], "unknown task": ["task=nope"],
-                "sparsity outside [0, 1)": ["sparsity=1.5"]}
+                "sparsity outside [0, 1)": ["sparsity=1.5"],
+                # HF_HUB_OFFLINE=1 below: the hub id is looked up in the cache alone
+                "hub id without the hub": ["model=hf_causal", "model.path=prunebench-tests/no-such-model"]}
 
 
 def message(stderr: str) -> str:
