@@ -56,7 +56,7 @@ def root_keys() -> frozenset[str]:
     for path in conf.rglob("*.yaml"):
         with path.open(encoding="utf-8") as handle:
             if "@package _global_" in handle.readline():
-                keys |= {str(key) for key in OmegaConf.load(path) if key != "defaults"}
+                keys |= {str(key) for key in OmegaConf.load(path) if key not in ("defaults", "hydra")}
     for entry in primary.defaults:
         name = entry if isinstance(entry, str) else next(iter(entry))
         if name == "_self_" or name.startswith("override "):
