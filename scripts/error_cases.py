@@ -20,12 +20,14 @@ import mlflow
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
-from test_bad_input import CASES, mc, write_jsonl  # noqa: E402  (the cases are the test's)
+from test_bad_input import CASES, case_overrides  # noqa: E402  (the cases are the test's)
 
 from conftest import TINY_MC  # noqa: E402
 
 CONFIG_CASES = {"unknown experiment": ["experiment=nope"], "unknown task": ["task=nope"],
-                "sparsity outside [0, 1)": ["sparsity=1.5"]}
+                "sparsity outside [0, 1)": ["sparsity=1.5"],
+                # HF_HUB_OFFLINE=1 below: the hub id is looked up in the cache alone
+                "hub id without the hub": ["model=hf_causal", "model.path=prunebench-tests/no-such-model"]}
 
 
 def message(stderr: str) -> str:
@@ -39,17 +41,17 @@ def message(stderr: str) -> str:
 def main() -> None:
     print("| case | message | exit | wall s | CPU s | runs RUNNING |")
     print("|---|---|---|---|---|---|")
-    cases = {name: (lines, extra) for name, (lines, extra, _) in CASES.items()}
-    cases.update({name: (None, [*TINY_MC[:1], *extra]) for name, extra in CONFIG_CASES.items()})
-    for name, (lines, extra) in cases.items():
+    for name in [*CASES, *CONFIG_CASES]:
         if sys.argv[1:] and name not in sys.argv[1:]:  # the cases named on the command line, else all
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            overrides = mc(write_jsonl(Path(tmp) / "cases.jsonl", lines), *extra) if lines is not None else extra
+            overrides = case_overrides(name, Path(tmp)) if name in CASES else [*TINY_MC[:1], *CONFIG_CASES[name]]
             uri = f"sqlite:///{tmp}/mlflow.db"
             start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run([sys.executable, "-m", "prunebench", *overrides, "trainer.enable_progress_bar=false"],
-                                  capture_output=True, text=True, cwd=tmp, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+                                  capture_output=True, text=True, cwd=tmp,
+                                  # no case may reach the hub: a hub id is then refused from the cache alone
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": uri, "HF_HUB_OFFLINE": "1"})
             seconds = time.perf_counter() - start
             used = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime

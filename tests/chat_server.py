@@ -21,11 +21,20 @@ def completion(body: dict, text: str) -> dict:
 class ChatServer:
     """`requests`: every body received, in order (a retried request appears once per attempt)."""
 
-    def __init__(self, script: Script):
-        self.script, self.requests = script, []
+    def __init__(self, script: Script, models_status: int = 404):
+        """`models_status`: the status GET /models answers (the judge's reach; 404: a server without that route)."""
+        self.script, self.requests, self.models_status = script, [], models_status
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                payload = json.dumps({"error": {"message": "GET " + self.path, "code": server.models_status}}).encode()
+                self.send_response(server.models_status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)

@@ -112,6 +112,29 @@ def test_the_key_comes_from_the_environment_and_is_never_shown(monkeypatch):
         OpenAICompatibleJudge(model="m", url=server.url, api_key_env="PB_JUDGE_KEY").check()
 
 
+@pytest.mark.parametrize("models_status", [200, 404, 403])
+def test_a_judge_that_answers_is_reached_with_one_request_and_no_chat(models_status):
+    with ChatServer(lambda body, auth: (200, "1 2"), models_status) as server:
+        OpenAICompatibleJudge(model="m", url=server.url, api_key_env=None).reach()
+    assert server.requests == []  # no chat completion asked (nothing to pay for)
+
+
+def test_a_judge_server_down_or_refusing_the_key_is_named_without_the_key(monkeypatch):
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on once closed
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    monkeypatch.setenv("PB_JUDGE_KEY", "sk-secret-123")
+    with pytest.raises(ValueError, match=rf"judge.url='{url}': no connection") as err:
+        OpenAICompatibleJudge(model="m", url=url, api_key_env="PB_JUDGE_KEY").reach()
+    assert "sk-secret" not in str(err.value)
+    with ChatServer(lambda body, auth: (200, "1 2"), models_status=401) as server:
+        with pytest.raises(ValueError, match=r"refused the key from \$PB_JUDGE_KEY \(HTTP 401\)") as err:
+            OpenAICompatibleJudge(model="m", url=server.url, api_key_env="PB_JUDGE_KEY").reach()
+    assert "sk-secret" not in str(err.value)
+
+
 def test_a_local_causal_lm_judges_greedily_through_its_chat_template(tmp_path):
     import torch
     from omegaconf import OmegaConf

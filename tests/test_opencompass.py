@@ -102,7 +102,7 @@ def test_task_protocol_switch_in_a_job_and_its_tag(store, protocol, metrics):
     """One source override serves both versions: the OpenCompass one reads the lm-eval task's source."""
     logged = run(compose_cfg(TINY + ["pruner=none", "task=piqa", f"task.protocol={protocol}",
                                      f"task.tasks.piqa.source.path={FIXTURES / 'piqa_mini.jsonl'}"]))
-    assert {name for name in logged if name.startswith("piqa/") and not name.endswith(("_stderr", "/n_docs"))} == metrics
+    assert {name for name in logged if name.startswith("piqa/") and not name.endswith(("_stderr", "/n_docs", "/n_truncated"))} == metrics
     assert mlflow.search_runs(experiment_names=["prunebench"])["tags.prunebench.protocol"].tolist() == [protocol]
 
 

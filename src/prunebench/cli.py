@@ -12,6 +12,7 @@ import warnings
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.groups import listing
@@ -21,6 +22,8 @@ from prunebench.tracking import server, store
 from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
+# a bad config is a usage error (argparse's and click's status for one): 2, not a failure's 1
+CONFIG_ERROR_EXIT = 2
 # the help template passes ${hydra.searchpath}: options a lab keeps in its own package are listed too
 OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=(): listing(tuple(searchpath)),
                                 replace=True)
@@ -48,8 +51,12 @@ def app(cfg: DictConfig) -> None:
                            " ".join(overrides), cfg.tracking.claim.stale_s) as end:
                 end.skipped = run(cfg, overrides, parent) is None
     except ConfigError as err:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            # one line on stderr says it all: no traceback, no second copy from Hydra, the usage exit status
+            print(f"prunebench: invalid config: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(CONFIG_ERROR_EXIT) from None
         log.error("invalid config: %s", err)
-        # the message says it all: without the chain of library frames that led to it
+        # in a sweep Hydra's launcher keeps it as the job's failure and the sweep goes on (SystemExit would stop it)
         raise ConfigError(str(err)) from None
     except Exception as err:
         if cfg.fail_fast:  # Hydra's launcher catches Exception per job; SystemExit stops the sweep

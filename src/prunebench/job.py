@@ -62,6 +62,13 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
     results = trainer.test(module, datamodule=data, verbose=False)[0]
     metrics = {key: readable(float(value)) for key, value in results.items()}
+    truncated = getattr(data, "truncated", None)  # counted by the engines that cut prompts (loglikelihood, generation)
+    if truncated is not None:
+        metrics[f"{name}/n_truncated"] = float(truncated)
+        if truncated:
+            log.warning("task %s: %d of %d documents were cut from the left to fit the model's %d positions "
+                        "(their start unread; metric %s/n_truncated)", name, truncated, len(module.records),
+                        loaded.max_length, name)
     for metric in task.metrics:
         metrics[f"{name}/{metric}_stderr"] = module.stderr(metric)
     return metrics, module.records

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import importlib.util
 import inspect
 import os
@@ -17,6 +19,8 @@ from prunebench.api.task_keys import task_names
 from prunebench.calibration import LabelledCalibration
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.introspection import TOWERS
+from prunebench.models.pretrained import POSITION_KEYS, checkpoint_config, position_limit
+from prunebench.paths import CONF_DIR
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
 from prunebench.tracking.store import check_uri, tracking_uri
@@ -39,6 +43,39 @@ def check_device_map(model_cfg: DictConfig) -> None:
                           f"({model_cfg._target_}), so model.device_map cannot place it; use model.device")
     if importlib.util.find_spec("accelerate") is None:
         raise ConfigError("model.device_map needs the accelerate package (pip install accelerate)")
+
+
+@functools.cache
+def root_keys() -> frozenset[str]:
+    """The root keys the config defines: conf/config.yaml's own, the package of each group in its
+    defaults list, and those an option placed at the root (`# @package _global_`: an experiment's
+    `vision_data`) sets. Read from the files: composing every option would take seconds."""
+    conf = Path(CONF_DIR)
+    primary = OmegaConf.load(conf / "config.yaml")
+    keys = {str(key) for key in primary if key not in ("defaults", "hydra")}
+    for path in conf.rglob("*.yaml"):
+        with path.open(encoding="utf-8") as handle:
+            if "@package _global_" in handle.readline():
+                keys |= {str(key) for key in OmegaConf.load(path) if key not in ("defaults", "hydra")}
+    for entry in primary.defaults:
+        name = entry if isinstance(entry, str) else next(iter(entry))
+        if name == "_self_" or name.startswith("override "):
+            continue
+        group, _, package = name.removeprefix("optional ").partition("@")
+        keys.add((package or group).split("/")[0].split(".")[0])
+    return frozenset(keys)
+
+
+def check_root_keys(cfg: DictConfig) -> None:
+    """A root key the config does not define comes from a `+key=value` override (Hydra's own
+    suggestion after a typo, `+sparsty=0.3`), which nothing reads: the job would run at the default."""
+    for key in sorted(set(cfg) - root_keys()):
+        close = difflib.get_close_matches(str(key), sorted(root_keys()), n=3)
+        value = cfg[key]
+        shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        raise ConfigError(f"+{key}={shown!r}: the config defines no root key {key!r}, so nothing would read it"
+                          + (f"; did you mean {' or '.join(map(repr, close))} (set it without +)?" if close else "")
+                          + f" Root keys: {sorted(root_keys())}")
 
 
 def check_tower(cfg: DictConfig, pruner_cls) -> None:
@@ -79,6 +116,53 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise ConfigError(f"export_dir={folder!r}: {existing} is not a folder this process can write; "
                               f"give a writable folder (the model goes to <export_dir>/<run id>)")
+
+
+def model_context(model_cfg: DictConfig) -> int | None:
+    """The positions the model will read, where its config says so without loading it: model.max_length,
+    else the position limit of its config (a tiny model's own; a checkpoint's config.json, which
+    `checkpoint_config` reads, refusing a missing or empty model.path on the way). None: not known here."""
+    config = model_cfg.get("text_config") or model_cfg.get("config")
+    if "path" in model_cfg and "revision" in model_cfg:  # the from_pretrained loaders (hf_causal, hf_vlm, hf_classifier)
+        if OmegaConf.is_missing(model_cfg, "path"):
+            raise ConfigError(f"model={model_cfg.get('_target_', '').rsplit('.', 1)[-1]} needs model.path=<hub id "
+                              f"(org/name) or a local checkpoint folder holding config.json>")
+        try:
+            config = checkpoint_config(str(model_cfg.path), model_cfg.revision, bool(model_cfg.get("trust_remote_code")))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    if model_cfg.get("max_length"):
+        return int(model_cfg.max_length)
+    return position_limit(OmegaConf.to_container(config) if OmegaConf.is_config(config) else config)
+
+
+def check_generation_budget(tasks: dict, model_cfg: DictConfig, context: int | None) -> None:
+    """A generation task's max_gen_toks must leave room for a prompt in the model's positions (the
+    engine refuses it too, once the model has loaded)."""
+    if context is None:
+        return
+    for name, task in tasks.items():
+        budget = getattr(task, "max_gen_toks", None)
+        if budget is not None and budget >= context:
+            raise ConfigError(f"task {name}: max_gen_toks={budget} leaves no room for a prompt in model="
+                              f"{model_cfg.name!r}'s {context} positions (model.max_length, else its config's "
+                              f"{' / '.join(POSITION_KEYS)}); lower task.tasks.<task>.max_gen_toks below {context}")
+
+
+def check_judges(tasks: dict) -> None:
+    """Each judge of a judged task reached once (`reach`: one cheap request), so a judge server that
+    is down fails here rather than after the model has loaded and answered every question."""
+    asked = set()
+    for name, task in tasks.items():
+        for member in getattr(task, "members", [task]):
+            judge = getattr(member, "judge", None)
+            if judge is None or not hasattr(judge, "reach") or repr(judge) in asked:
+                continue
+            asked.add(repr(judge))
+            try:
+                judge.reach()
+            except ValueError as err:
+                raise ConfigError(f"task {member.name}'s judge ({judge.model}): {err}") from None
 
 
 def calibration_config(cfg: DictConfig) -> DictConfig:
@@ -130,6 +214,7 @@ def describe_kind(task) -> str:
 
 def validate(cfg: DictConfig) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
+    check_root_keys(cfg)
     check_uri(tracking_uri(cfg.tracking.uri))
     ratio = cfg.sparsity
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
@@ -165,12 +250,15 @@ def validate(cfg: DictConfig) -> dict:
         lm_eval_rows(cfg.get("eval") or {})
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    context = model_context(cfg.model)
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
         families = task_families(task)
         if families and cfg.model.family not in families:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
+    check_generation_budget(tasks, cfg.model, context)
+    check_judges(tasks)
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)

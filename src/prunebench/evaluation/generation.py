@@ -52,6 +52,7 @@ class GenerationDataModule(L.LightningDataModule):
         self.task, self.model, self.tokenizer, self.max_length = task, model, model.tokenizer, model.max_length
         self.limit, self.batch_tokens, self.add_bos = limit, batch_tokens, add_bos
         self.batches: list[list[EncodedRequest]] = []
+        self.truncated = 0  # prompts cut from the left to leave room (job.py logs <task>/n_truncated and warns)
 
     def setup(self, stage: str | None = None) -> None:
         if self.batches:
@@ -70,7 +71,9 @@ class GenerationDataModule(L.LightningDataModule):
     def encode(self, document: Document, room: int) -> EncodedRequest:
         request = document.requests[0]
         if not request.images:
-            return EncodedRequest(document, encode(self.tokenizer, request.prompt, self.add_bos)[-room:])
+            tokens = encode(self.tokenizer, request.prompt, self.add_bos)
+            self.truncated += len(tokens) > room
+            return EncodedRequest(document, tokens[-room:])
         if self.model.processor is None:
             refuse_images(self.task, document)
         text = self.model.chat_prompt(request.prompt, len(request.images))

@@ -66,6 +66,7 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         super().__init__()
         self.task, self.tokenizer, self.max_length = task, model.tokenizer, model.max_length
         self.limit, self.batch_tokens, self.add_bos, self.whole_task = limit, batch_tokens, add_bos, whole_task
+        self.truncated = 0  # documents cut to fit the model (job.py logs <task>/n_truncated and warns)
         self.scoring = getattr(task, "loglikelihood_scoring", CONTINUATION)
         if self.scoring not in (CONTINUATION, WHOLE_TEXT):
             raise ValueError(f"task {task.name}: loglikelihood_scoring={self.scoring!r}; valid: "
@@ -73,16 +74,18 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         self.batches: list[list[EncodedDoc]] = []
 
     def encode(self, document: Document) -> EncodedDoc:
+        """Counts in `truncated` a document whose tokens were cut to fit the model (its start dropped)."""
         refuse_images(self.task, document)
         if self.scoring == WHOLE_TEXT:
-            full = [encode(self.tokenizer, r.context + r.continuation, self.add_bos)[-self.max_length:]
-                    for r in document.requests]
+            whole = [encode(self.tokenizer, r.context + r.continuation, self.add_bos) for r in document.requests]
+            self.truncated += any(len(ids) > self.max_length for ids in whole)
+            full = [ids[-self.max_length:] for ids in whole]
             if any(len(ids) < 2 for ids in full):
                 raise ValueError(f"task {self.task.name}, document {document.doc_id}: an option text has fewer "
                                  f"than 2 tokens, nothing to score")
             return EncodedDoc(document, [ids[:-1] for ids in full], [len(ids) - 1 for ids in full],
                               [ids[1:] for ids in full])
-        inputs, lens, conts, spans = [], [], [], []
+        inputs, lens, conts, spans, cut = [], [], [], [], False
         for request in document.requests:
             if isinstance(request, RollingText):
                 pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos)
@@ -90,10 +93,12 @@ class LoglikelihoodDataModule(L.LightningDataModule):
                 pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos)]
             for ctx, cont in pairs:
                 seq, clen = model_input(ctx, cont, self.max_length)
+                cut = cut or len(seq) < len(ctx) + len(cont) - 1  # (the last token is never fed)
                 inputs.append(seq)
                 lens.append(clen)
                 conts.append(cont[-clen:])
             spans.append(len(pairs))
+        self.truncated += cut
         return EncodedDoc(document, inputs, lens, conts, spans)
 
     def setup(self, stage: str | None = None) -> None:

@@ -38,6 +38,10 @@ class Judge:
     def check(self) -> None:
         """Raises before any model loads when the judge cannot work (a missing key, say)."""
 
+    def reach(self) -> None:
+        """Raises ValueError before any model loads when the judge cannot be reached. A request on
+        the network, so validation asks it once per job, not `check()` (tasks are built offline too)."""
+
     def complete(self, messages: list[dict], temperature: float, max_tokens: int) -> str:
         raise NotImplementedError
 

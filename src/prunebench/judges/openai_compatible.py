@@ -29,6 +29,25 @@ class OpenAICompatibleJudge(Judge):
             raise ValueError(f"judge.api_key_env={self.api_key_env!r}: that environment variable is not set; "
                              f"export it, or set judge.api_key_env=null for a server that takes no key")
 
+    def reach(self) -> None:
+        """One GET <url>/models, without retries: a server that refuses connections, or a wrong host,
+        fails validation naming the URL. Any HTTP answer means a server listens (one without that
+        route answers 404, a key restricted to chat 403), except 401: the key itself is refused."""
+        import openai
+
+        where = self.url or "https://api.openai.com/v1"
+        try:
+            self.client().with_options(max_retries=0, timeout=min(self.timeout_s, 10.0)).models.list()
+        except openai.AuthenticationError as err:
+            sent = f"the key from ${self.api_key_env}" if self.api_key_env else "no key (judge.api_key_env=null)"
+            raise ValueError(f"judge.url={where!r} refused {sent} (HTTP {err.status_code}); set the variable to a "
+                             f"key that server accepts") from None
+        except openai.APIConnectionError as err:  # a timeout is one too
+            raise ValueError(f"judge.url={where!r}: no connection ({err.__cause__ or err}); start the judge server "
+                             f"or set judge.url to the base URL it serves (http://HOST:PORT/v1)") from None
+        except openai.APIStatusError:
+            pass
+
     def client(self):
         if self._client is None:
             import openai

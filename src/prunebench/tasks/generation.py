@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from prunebench.api.requests import GENERATE_UNTIL, Document, GenerateUntil
-from prunebench.tasks.images import image_store
+from prunebench.tasks.images import file_problem, image_store
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import resolve
 
@@ -139,9 +139,10 @@ class GenerateUntilTask:
             self.check_images()
 
     def check_images(self, shown: int = 5) -> None:
-        """Every document's image exists: a run that would fail on image 3000 fails before any model loads."""
+        """Every document's image exists and has a header PIL reads (not its pixels): a run that
+        would fail on image 3000 fails before any model loads."""
         names = [resolve(self.doc_to_image, doc) for doc in self.docs()]
-        names = [str(name) for name in names if isinstance(name, (str, Path))]  # pictures themselves need no check
+        names = list(dict.fromkeys(str(name) for name in names if isinstance(name, (str, Path))))  # pictures themselves need no check
         absolute = [name for name in names if Path(name).is_absolute()]
         missing = [name for name in absolute if not Path(name).is_file()]
         relative = [name for name in names if not Path(name).is_absolute()]
@@ -151,6 +152,13 @@ class GenerateUntilTask:
         if missing:
             raise FileNotFoundError(f"task {self.name}: {len(missing)} image(s) missing in image_dir="
                                     f"{self.image_dir!r}, first: {missing[:shown]}")
+        problems = {name: why for name in absolute if (why := file_problem(Path(name)))}
+        if relative:
+            problems.update(self.image_store().problems(relative))
+        if problems:
+            first = "; ".join(f"{name} ({why})" for name, why in list(problems.items())[:shown])
+            raise ValueError(f"task {self.name}: {len(problems)} image(s) cannot be read, first: {first}; "
+                             f"replace or remove them (or their documents)")
 
     def image_store(self):
         """The store behind `image_dir`, opened once (a zip's index, a dataset's name column)."""

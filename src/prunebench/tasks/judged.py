@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from prunebench.tasks.generation import GenerateUntilTask
-from prunebench.tasks.sources import DocSource
+from prunebench.tasks.sources import DocSource, read_utf8
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ HOW_TO_SET_A_JUDGE = ("add judge=openai_compatible judge.model=<model> [judge.ur
 
 def read_keyed(path) -> list[dict]:
     """A JSON object of documents keyed by their id (MM-Vet's mm-vet.json) as a list, each with its `id`."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = json.loads(read_utf8(Path(path)))
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"{path}: expected a JSON object {{id: {{...}}}} of documents")
     return [{"id": key, **value} for key, value in data.items()]

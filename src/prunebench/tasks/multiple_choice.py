@@ -108,6 +108,8 @@ class MultipleChoiceTask:
         except jinja2.UndefinedError as err:
             raise ValueError(f"{where}: a template names a field the document lacks ({err.message}); "
                              f"its fields: {sorted(doc)[:12]}") from None
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
         if not choices:
             raise ValueError(f"{where}: no choices (doc_to_choice={self.doc_to_choice!r} gave {choices!r})")
         gold = text if isinstance(text, int) else gold_index(target, choices)

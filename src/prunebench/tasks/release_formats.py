@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from prunebench.tasks.sources import read_records
+from prunebench.tasks.sources import read_records, read_utf8
 
 _BOOLS = {"true": 1, "false": 0, True: 1, False: 0, 1: 1, 0: 0}
 
@@ -63,7 +63,7 @@ def wikitext_pages(path: Path) -> list[dict]:
     """A raw WikiText file (wiki.test.raw) as EleutherAI/wikitext_document_level's pages: a page
     starts at each level-1 heading line (" = Title = "). The blank line before the first heading
     belongs to no page, as in that dataset (tests check the pages rebuild the file byte for byte)."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = read_utf8(path).split("\n")
     pages, current = [], []
     for line in lines:
         if _is_page_title(line) and current:

@@ -54,10 +54,24 @@ class JsonSource(DocSource):
         return str(self.path)
 
 
+def read_utf8(path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 name the file, the line and the byte offset (Python's
+    own error names only the offset, not the file)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)  # 1-based, in bytes
+        raise ValueError(f"{path}, line {line}, column {column} (byte {err.start} of the file): not UTF-8 ({err.reason}: "
+                         f"{data[err.start:err.end]!r}); task files must be UTF-8 (convert it, e.g. "
+                         f"iconv -f latin1 -t utf-8)") from None
+
+
 def read_json_documents(path: Path, field: str | None = None) -> list[dict]:
     """Documents of a .jsonl (one per line) or .json file; a syntax error names the file, the line
     and the column, and what would be valid."""
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     if path.suffix == ".jsonl":
         docs = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -208,7 +222,7 @@ class BigBenchSource(DocSource):
         return bigbench_sdist.extract([rel])[0]
 
     def load(self) -> list[dict]:
-        spec = json.loads(self.task_json().read_text(encoding="utf-8"))
+        spec = json.loads(read_utf8(self.task_json()))
         return bigbench_docs(spec)
 
     def describe(self) -> str:

@@ -44,9 +44,17 @@ def resolve(spec: Any, doc: dict) -> Any:
 
 
 def resolve_choices(spec: Any, doc: dict) -> list[str]:
+    """A list; anything else (a string or number where the list belongs) raises ValueError saying
+    what was found, for the task to name the document."""
     value = resolve(spec, doc)
     if isinstance(value, str):
-        value = ast.literal_eval(value)  # a rendered "{{choices.text}}" is a list's repr
+        try:
+            value = ast.literal_eval(value)  # a rendered "{{choices.text}}" is a list's repr
+        except (ValueError, SyntaxError):
+            pass
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"doc_to_choice={spec!r} gave {value!r} ({type(value).__name__}), not a list of choices; "
+                         f"the field must hold a JSON list, such as \"choices\": [\"4\", \"5\"]")
     return list(value)
 
 
