@@ -10,6 +10,7 @@ import torch
 
 from prunebench.models.counted import CountedTokens
 from prunebench.models.introspection import model_outputs
+from prunebench.models.pretrained import config_positions
 
 
 @dataclass
@@ -119,10 +120,9 @@ def model_max_length(config, tokenizer, override: int | None = None) -> int:
     limit, else the tokenizer's, else 2048."""
     if override:
         return int(override)
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, attr, None)
-        if value:
-            return int(value)
+    positions = config_positions(config)
+    if positions:
+        return positions
     tok_max = getattr(tokenizer, "model_max_length", None)
     if tok_max and tok_max < 1e29:
         return int(tok_max)

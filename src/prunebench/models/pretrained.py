@@ -9,7 +9,7 @@ from pathlib import Path
 
 # the shape of a hub id: `org/name` (a bare `name` is a legacy hub model too, such as gpt2)
 HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
-POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # models.loaded.model_max_length's order
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # lm-eval HFLM.max_length's order
 
 
 def checkpoint_config(path: str, revision: str | None = None, trust_remote_code: bool = False):
@@ -50,7 +50,13 @@ def position_limit(config) -> int | None:
     when it names none (the loader then asks the tokenizer, which is not read here)."""
     if config is None:
         return None
-    config = (config.get("text_config") if isinstance(config, dict) else getattr(config, "text_config", None)) or config
+    return config_positions((config.get("text_config") if isinstance(config, dict)
+                             else getattr(config, "text_config", None)) or config)
+
+
+def config_positions(config) -> int | None:
+    """The first of POSITION_KEYS the config (a dict or a transformers config) sets: lm-eval HFLM's
+    order, which `models.loaded.model_max_length` follows after the loaded model."""
     for key in POSITION_KEYS:
         value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
         if value:
