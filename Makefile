@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN)
 	touch $@
 
+# one pytest-xdist worker per core; a module's tests that share a server, a cluster or a loaded
+# reference (pytest.mark.xdist_group) run on one worker, the largest groups first
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup
 
 run: $(STAMP)
 	$(BIN)/prunebench $(RUN_ARGS)

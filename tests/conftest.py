@@ -17,6 +17,12 @@ from prunebench.pruners.unstructured import one_cpu_thread
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MC_FIXTURE = FIXTURES / "mc_questions.jsonl"
+# `make test` runs on pytest-xdist's workers, one a core: a worker's torch, and the jobs it starts,
+# get its share of the cores, since threads beyond it only hand the work back and forth
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
            "trainer.enable_progress_bar=false"]
 

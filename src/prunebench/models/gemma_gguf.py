@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from prunebench.cache import cache_dir
 from prunebench.models.hf_causal import load_causal_lm
@@ -28,6 +29,16 @@ def converted_gemma3_270m() -> Path:
     out = cache_dir("models") / f"gemma3-270m-bf16-{pkg.EXPECTED_SHA256[:12]}"
     if (out / "config.json").exists():
         return out
+    # jobs started together on an empty cache (a SLURM array, pytest-xdist's workers) convert once:
+    # the others wait here, then find the folder
+    with FileLock(f"{out}.lock"):
+        if not (out / "config.json").exists():
+            convert(pkg, out)
+    return out
+
+
+def convert(pkg, out: Path) -> None:
+    """Only under the caller's lock: the assembled GGUF and the .tmp folder are one per cache."""
     check_free_space(out.parent, sum(p.stat().st_size for p in pkg.chunk_paths()) + FOLDER_BYTES)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,7 +56,6 @@ def converted_gemma3_270m() -> Path:
     tokenizer.save_pretrained(tmp)
     tmp.rename(out)
     gguf.unlink(missing_ok=True)
-    return out
 
 
 def load_gemma3_270m(*, name: str, family: str = "causal_lm", dtype: str = "float32",

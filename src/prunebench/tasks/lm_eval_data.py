@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -110,7 +111,7 @@ class LocalData:
         self.read.update(files)
         path = cache_dir("lm_eval_data") / f"{where.stem}-{key}.jsonl"
         if not path.is_file():
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".tmp{os.getpid()}")  # jobs converting at once never share a part file
             tmp.write_text("".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in source.load()), encoding="utf-8")
             tmp.replace(path)
         return str(path)
