@@ -71,9 +71,13 @@ def main(overrides: list[str]) -> None:
         report(f"evaluated {name}", start)
     weights = weight_bytes(loaded.model) / 1e9
     peak = memory.peaks()["memory/peak_host_gb"]
-    print(f"weights {weights:.2f} GB ({next(loaded.model.parameters()).dtype}); the cache holds {held / 1e9:.2f} GB "
-          f"of weights besides the job's copy")
-    print(f"memory/peak_host_gb {peak:.2f} = {peak / weights:.2f}x the weights")
+    del loaded  # as a sweep's next job starts: the last job's model gone, this one's loaded
+    memory.reset_peaks()
+    cache.get_model(cfg.model)
+    report("next job of a sweep: model loaded", start)
+    print(f"weights {weights:.2f} GB; the cache holds {held / 1e9:.2f} GB of weights besides the job's copy")
+    print(f"memory/peak_host_gb {peak:.2f} = {peak / weights:.2f}x the weights (the next job's load: "
+          f"{memory.peaks()['memory/peak_host_gb'] / weights:.2f}x)")
 
 
 if __name__ == "__main__":
