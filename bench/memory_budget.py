@@ -64,7 +64,7 @@ def main(overrides: list[str]) -> None:
     report("libraries, config, tasks", start)
     memory.reset_peaks()  # where a job's `memory/peak_host_gb` starts counting
     loaded = cache.get_model(cfg.model)
-    report("model loaded (cache + job copy)", start)
+    report("model loaded (job's, and the cache's)", start)
     held = sum(weight_bytes(kept.model) for kept in cache._PRISTINE.values() if kept.model is not None)
     for name, task in tasks.items():
         evaluate_task(cfg, loaded, name, task)
