@@ -3,11 +3,11 @@ so pruning one job never leaks into the next, and the tokenizer and processor ar
 
 A model read from files (its loader sets `LoadedModel.reload`) is not held pristine beside the job's
 copy: the first job takes the model just loaded, each later job reads the weights again, and only
-the tokenizer and processor wait here. The pristine copy was 1.07 GB of a gemma3-270m fp32 job's 3.6 GB
-peak; reading the weights again costs less than copying them did (0.6 s against 1.2 s for that model
-on this project's CPU), as the safetensors files stay in the page cache. Only where memory is too
-short for the page cache to keep them is each job's load read from disk, and there a second copy
-would not have fitted either. A model built from a config (the tiny test models) or by timm has no
+the tokenizer and processor wait here. The pristine copy was 1.07 GB of a gemma3-270m fp32 job's
+3.6 GB peak; reading the weights again costs less than copying them did (0.6-0.7 CPU seconds against
+1.5-2.1 for that model on this project's CPU), as the safetensors files stay in the page cache. Only
+where memory is too short for the page cache to keep them is each load read from disk, and there a
+second copy would not have fitted either. A model built from a config (the tiny test models) or by timm has no
 reload: it is held here and each job gets a deep copy.
 
 The job's model goes to `model.device` only after loading, so an accelerator holds one model, the
