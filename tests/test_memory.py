@@ -3,8 +3,10 @@ device-mapped model goes through accelerate from the loader, and every job logs 
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -58,6 +60,48 @@ def test_device_map_reaches_from_pretrained_and_skips_the_in_process_cache(tiny_
     loaded = cache.get_model(cfg.model)
     assert seen == ["auto"] and loaded.device.type == "cpu"
     assert not cache._PRISTINE
+
+
+def test_a_model_read_from_files_is_held_once_and_each_job_reads_it_again_unpruned(tiny_checkpoint):
+    cfg = compose_cfg(["model=hf_causal", f"model.path={tiny_checkpoint}"])
+    cache._PRISTINE.clear()
+    first = cache.get_model(cfg.model)
+    (kept,) = cache._PRISTINE.values()
+    assert kept.model is None and kept.tokenizer is first.tokenizer  # no weights waiting beside the job's
+    with torch.no_grad():
+        for weight in first.model.parameters():
+            weight.zero_()  # the first job prunes the very model that was loaded
+    second = cache.get_model(cfg.model)
+    assert second.model is not first.model and second.tokenizer is first.tokenizer
+    assert all(weight.abs().sum() > 0 for weight in second.model.parameters())
+
+
+def test_the_last_jobs_model_is_freed_before_the_next_one_loads(tiny_checkpoint):
+    cfg = compose_cfg(["model=hf_causal", f"model.path={tiny_checkpoint}"])
+    first = cache.get_model(cfg.model)
+    gone = weakref.ref(first.model)
+    cycle = [first]
+    cycle.append(cycle)  # as Lightning's trainer, module and model refer to one another
+    del first, cycle
+    gc.disable()  # the collector would otherwise run on its own at some allocation while loading
+    try:
+        cache.get_model(cfg.model)
+    finally:
+        gc.enable()
+    assert gone() is None
+
+
+def test_a_sweep_gives_its_dense_job_the_unpruned_model_after_a_pruned_one(tiny_checkpoint, store):
+    from transformers import AutoModelForCausalLM
+
+    from prunebench.models.introspection import count_parameters
+
+    # ensure_dense off: the baseline would otherwise run first
+    job = TINY_MC[1:] + ["model=hf_causal", f"model.path={tiny_checkpoint}", "tracking.ensure_dense=false"]
+    pruned = run(compose_cfg(job + ["pruner=magnitude", "sparsity=0.5"]))
+    dense = run(compose_cfg(job + ["pruner=none"]))
+    unpruned = count_parameters(AutoModelForCausalLM.from_pretrained(tiny_checkpoint), nonzero=True)
+    assert pruned["params/nonzero"] < unpruned == dense["params/nonzero"]
 
 
 @pytest.mark.parametrize("overrides, message", [

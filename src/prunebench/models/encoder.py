@@ -9,10 +9,13 @@ def load_encoder(*, path: str, name: str, family: str = "encoder", dtype: str = 
                  max_length: int | None = None, revision: str | None = None) -> LoadedModel:
     from transformers import AutoModel, AutoTokenizer
 
-    model = AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision).to(device).eval()
+    def read():
+        return AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision).to(device).eval()
+
+    model = read()
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length))
+                       max_length=model_max_length(model.config, tokenizer, max_length), reload=read)
 
 
 def load_minilm_l6(**kwargs) -> LoadedModel:

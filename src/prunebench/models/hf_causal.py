@@ -16,7 +16,10 @@ def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: st
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = placed(AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs), device, device_map)
+    def read():
+        return placed(AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs), device, device_map)
+
+    model = read()
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length))
+                       max_length=model_max_length(model.config, tokenizer, max_length), reload=read)

@@ -10,9 +10,9 @@ import torch
 from prunebench.models.loaded import LoadedModel, model_max_length, placed, resolve_dtype
 
 
-def _loaded(model, tokenizer, name: str, family: str, max_length: int | None) -> LoadedModel:
+def _loaded(model, tokenizer, name: str, family: str, max_length: int | None, reload=None) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
-                       max_length=model_max_length(model.config, tokenizer, max_length))
+                       max_length=model_max_length(model.config, tokenizer, max_length), reload=reload)
 
 
 def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", dtype: str = "float32",
@@ -23,11 +23,14 @@ def load_sequence_classifier(*, path: str, name: str, family: str = "encoder", d
     `device_map` (accelerate's) replaces `device`."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), revision=revision,
-                                                               trust_remote_code=trust_remote_code,
-                                                               device_map=device_map)
+    def read():
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=resolve_dtype(dtype), revision=revision, trust_remote_code=trust_remote_code,
+            device_map=device_map)
+        return placed(model, device, device_map)
+
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    return _loaded(placed(model, device, device_map), tokenizer, name, family, max_length)
+    return _loaded(read(), tokenizer, name, family, max_length, reload=read)
 
 
 def load_tiny_classifier(*, name: str, config: dict, labels: list[str], family: str = "encoder", seed: int = 0,

@@ -5,6 +5,7 @@ LoadedModel and overrides what differs; the engines stay as they are."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -17,7 +18,9 @@ from prunebench.models.pretrained import config_positions
 class LoadedModel:
     """`tokenizer` turns text into ids; `processor` (a vision-language model's, else None) also
     turns images into model inputs. `max_length`: the positions one sequence may use. `counted`:
-    the real tokens of the next forward, set by the engines for routing telemetry."""
+    the real tokens of the next forward, set by the engines for routing telemetry. `reload`: reads
+    the weights afresh from the files they came from, as the loader did (a loader that read them from
+    files sets it), so models/cache.py need not hold a pristine copy in memory."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -25,6 +28,7 @@ class LoadedModel:
     family: str
     max_length: int
     processor: object = None
+    reload: Callable[[], torch.nn.Module] | None = field(default=None, repr=False, compare=False)
     _head_checked: bool = field(default=False, init=False, repr=False)
     counted: CountedTokens = field(default_factory=CountedTokens, repr=False, compare=False)
 

@@ -75,9 +75,12 @@ def load_vlm(*, path: str, name: str, family: str = "vlm", dtype: str = "float32
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device).eval()
+    def read():
+        return AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device).eval()
+
+    model = read()
     processor = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     text_config = getattr(model.config, "text_config", model.config)
     return VisionLanguageModel(model=model, tokenizer=processor.tokenizer, name=name, family=family,
                                max_length=model_max_length(text_config, processor.tokenizer, max_length),
-                               processor=processor)
+                               processor=processor, reload=read)
