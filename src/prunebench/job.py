@@ -143,6 +143,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
+    load_libraries()
     dense_failure = None
     if not dense and cfg.tracking.ensure_dense and baseline is None:
         dense_failure = ensure_dense(cfg, overrides, parent_run_id, uri, exp_id, baseline_key)
@@ -162,7 +163,6 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         if parent_run_id and done:
             record_cell(uri, parent_run_id, done)
         return None
-    load_libraries()
     start = time.perf_counter()
     with store.job_run(held, run_name) as active:
         if dense_failure:  # recorded FAILED like any job, naming why, before any model loads
