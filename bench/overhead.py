@@ -1,6 +1,7 @@
 """Where a job's time goes before and around its model work: imports, Hydra's compose, the MLflow
 store (first open with its migrations, then warm), Lightning's Trainer, and whole jobs end to end
-(a one-document tiny-model job on a fresh and on a warm store, and the per-job cost inside a sweep).
+(a one-document tiny-model job on a fresh and on a warm store, the same job already FINISHED and
+so skipped, a job refused by validation, and the per-job cost inside a sweep).
 
     .venv/bin/python bench/overhead.py [--jobs 4] [--out overhead.json]
 
@@ -65,11 +66,13 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def job(args: list[str], env: dict, cwd: str) -> tuple[float, float]:
-    """(wall, CPU) seconds of `python -m prunebench ARGS`, start to exit."""
+def job(args: list[str], env: dict, cwd: str, status: int = 0) -> tuple[float, float]:
+    """(wall, CPU) seconds of `python -m prunebench ARGS`, start to exit (with exit `status`)."""
     start, cpu = time.perf_counter(), children_cpu()
-    subprocess.run([sys.executable, "-m", "prunebench", *args], env=env, cwd=cwd, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "prunebench", *args], env=env, cwd=cwd,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if done.returncode != status:
+        raise SystemExit(f"prunebench {' '.join(args)}: exit status {done.returncode}, expected {status}")
     return time.perf_counter() - start, children_cpu() - cpu
 
 
@@ -87,6 +90,9 @@ def main() -> None:
         store = ["tracking.uri=sqlite:///" + str(Path(folder) / "jobs.db"), "tracking.skip_existing=false"]
         rows["tiny job, fresh store"] = job([*JOB, *store], env, folder)
         rows["tiny job, warm store"] = job([*JOB, *store], env, folder)
+        rows["tiny job, FINISHED: skipped"] = job([*JOB, store[0]], env, folder)
+        rows["job refused by validation"] = job([*JOB, store[0], "pruner=magnitude", "sparsity=1.5"], env, folder,
+                                                status=2)
         seeds = ",".join(str(s) for s in range(args.jobs))
         one = job(["-m", *JOB, *store, "seed=0"], env, folder)
         many = job(["-m", *JOB, *store, f"seed={seeds}"], env, folder)

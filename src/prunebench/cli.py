@@ -7,11 +7,9 @@ import os
 import signal
 import sys
 import threading
-import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import configure_log
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,7 +29,7 @@ OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    from prunebench.job import run
+    from prunebench.job import quiet_libraries, run
     from prunebench.validate import ConfigError
 
     quiet_libraries()
@@ -62,28 +60,6 @@ def app(cfg: DictConfig) -> None:
         if cfg.fail_fast:  # Hydra's launcher catches Exception per job; SystemExit stops the sweep
             raise SystemExit(f"prunebench: stopping the sweep (fail_fast=true): {err}") from err
         raise
-
-
-def quiet_libraries() -> None:
-    """Lightning sets its logger to INFO and turns its deprecation warnings on when it is imported,
-    which happens after Hydra configured the job's logging: apply that configuration again (with
-    hydra.verbose), and leave the libraries' deprecations and progress bars to them."""
-    import transformers
-
-    hydra_cfg = HydraConfig.get()
-    configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
-    # their per-file "Loading weights" / "Map" bars would stand between our per-task bars; datasets
-    # reads its switch when first imported, which a job whose tasks do not use it never pays (0.4 s)
-    transformers.utils.logging.disable_progress_bar()
-    if "datasets" in sys.modules:
-        sys.modules["datasets"].disable_progress_bars()
-    else:
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    # torch telling Lightning about its own API (LeafSpec), not anything a user set
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(lightning|torch)\.")
-    # on a machine with SLURM installed, Lightning suggests srun for every Trainer; jobs here are one process
-    warnings.filterwarnings("ignore", message=r"The `srun` command is available")
 
 
 def end_runs_on_sigterm() -> None:

@@ -1,13 +1,20 @@
 """One job: validate -> (skip?) -> load -> score -> prune -> evaluate -> (export) -> log. Thin on purpose:
-each step lives in the module named for it."""
+each step lives in the module named for it. Lightning loads only once the job is valid and not skipped
+(`load_libraries`): an invalid or finished job answers without paying for it."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import time
+import warnings
 
+import huggingface_hub.utils
 import mlflow
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -15,7 +22,6 @@ from prunebench.api.metrics import readable
 from prunebench.api.model_keys import display_name, run_dtype
 from prunebench.bench import memory
 from prunebench.cache import content_key
-from prunebench.evaluation.progress import DocumentProgress
 from prunebench.evaluation.registry import evaluation
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
@@ -55,7 +61,43 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             **({"prunebench.trust_remote_code": "true"} if cfg.model.get("trust_remote_code") else {})}
 
 
+def quiet_libraries() -> None:
+    """Lightning sets its logger to INFO and turns its deprecation warnings on when it is imported,
+    which happens after Hydra configured the job's logging: apply that configuration again (with
+    hydra.verbose), and leave the libraries' deprecations and progress bars to them. Called when the
+    Hydra job starts and again once Lightning is loaded (`load_libraries`)."""
+    hydra_cfg = HydraConfig.get()
+    configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
+    # their per-file "Loading weights" / "Map" bars would stand between our per-task bars; transformers
+    # and datasets read their switches when first imported, which a job that never runs does not pay
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    else:
+        huggingface_hub.utils.disable_progress_bars()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # torch telling Lightning about its own API (LeafSpec), not anything a user set
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(lightning|torch)\.")
+    # on a machine with SLURM installed, Lightning suggests srun for every Trainer; jobs here are one process
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available")
+
+
+def load_libraries() -> None:
+    """Lightning (torchmetrics, torchvision, scipy and matplotlib with it) and transformers, 2-3 s of
+    imports, once a job is known to run; inside a Hydra job its logging is then applied again."""
+    import lightning.pytorch  # noqa: F401
+    import transformers  # noqa: F401
+
+    if HydraConfig.initialized():
+        quiet_libraries()
+
+
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
+    from prunebench.evaluation.progress import DocumentProgress
+
     data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
     # Lightning's own bar counts batches; ours counts documents, shown where Lightning's would be
     progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
@@ -101,6 +143,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             if parent_run_id:
                 record_cell(uri, parent_run_id, done)
             return None
+    load_libraries()
     dense_failure = None
     if not dense and cfg.tracking.ensure_dense and baseline is None:
         dense_failure = ensure_dense(cfg, overrides, parent_run_id, uri, exp_id, baseline_key)

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from prunebench.api.metrics import CLASS_METRICS, REGRESSION_METRICS, bootstrap_stderr
+from prunebench.api.metric_objects import CLASS_METRICS, REGRESSION_METRICS, bootstrap_stderr
 from prunebench.models.loaded import LoadedModel
 
 PER_EXAMPLE = {"acc": 1, "top1": 1, "top5": 5}  # means of per-example hits: analytic stderr

@@ -19,7 +19,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from prunebench.api.metrics import records_stderr, update_from_records
+from prunebench.api.metric_objects import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
 from prunebench.evaluation.batching import pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
@@ -129,7 +129,7 @@ class LoglikelihoodDataModule(L.LightningDataModule):
 
 class LoglikelihoodModule(L.LightningModule):
     """Scores each batch, hands every document's responses to the task's process_results and feeds
-    the records to the task's metrics (api.metrics.update_from_records)."""
+    the records to the task's metrics (api.metric_objects.update_from_records)."""
 
     def __init__(self, model: LoadedModel, task, metrics: dict, lm_eval_batch_size: int | None = None):
         super().__init__()

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from prunebench.api.metrics import CLASS_METRICS, REGRESSION_METRICS
+from prunebench.api.metric_objects import CLASS_METRICS, REGRESSION_METRICS
 from prunebench.api.requests import CLASSIFY
 from prunebench.tasks.sources import DocSource
 

@@ -1,19 +1,22 @@
 """A multiple-choice task, built the way lm-eval builds `output_type: multiple_choice`:
 each choice a `loglikelihood` request, the highest summed (acc) or per-character (acc_norm)
-log-likelihood the prediction."""
+log-likelihood the prediction. torchmetrics is imported when a job scores, not when validation
+builds the task."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import jinja2
-import torchmetrics
 
-from prunebench.api.metrics import CLASS_METRICS, first_argmax
+from prunebench.api.metrics import first_argmax
 from prunebench.api.requests import LOGLIKELIHOOD, Document, Loglikelihood, LoglikelihoodResponse
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
+
+if TYPE_CHECKING:
+    import torchmetrics
 
 PER_DOC_METRICS = ("acc", "acc_norm")  # means over documents of a per-document hit
 # over all documents at once, the chosen index as a class (lm-eval's GLUE: cola mcc, mrpc/qqp f1)
@@ -65,6 +68,10 @@ class MultipleChoiceTask:
         """`acc` / `acc_norm` are means of per-document hits; `mcc` / `f1` (lm-eval's GLUE metrics) are
         computed over all documents at once, with the chosen index (argmax log-likelihood) as the
         predicted class and the gold index as the label."""
+        import torchmetrics
+
+        from prunebench.api.metric_objects import CLASS_METRICS
+
         num_choices = self.corpus_classes(instances)
         return {m: torchmetrics.MeanMetric() if m in PER_DOC_METRICS else CLASS_METRICS[m][0](num_choices)
                 for m in self.metrics}

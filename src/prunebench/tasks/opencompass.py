@@ -10,20 +10,22 @@ In-context examples (CommonsenseQA's config has 8) come before the question, eac
 same prompt and its gold option, and the whole prompt list is flattened as OpenCompass flattens it for
 a base model. Which examples: OpenCompass picks them with a retriever; its MDL retriever needs a
 second model's search and is not reproduced, so examples are none or drawn as its RandomRetriever
-draws them."""
+draws them. torchmetrics is imported when a job scores, not when validation builds the task."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torchmetrics
 
 from prunebench.api.requests import LOGLIKELIHOOD, WHOLE_TEXT, Document, Loglikelihood, LoglikelihoodResponse
 from prunebench.tasks.sources import BenchmarkSource, DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
+
+if TYPE_CHECKING:
+    import torchmetrics
 
 RETRIEVERS = ("none", "random")
 # OpenCompass's BaseRetriever.generate_ice for a per-label template (commonsenseqa_ppl_5545e2's
@@ -169,6 +171,8 @@ class PPLChoiceTask:
         return [self.instance(i, doc, [shot_texts[j] for j in pick]) for i, (doc, pick) in enumerate(zip(docs, picks))]
 
     def metric_objects(self, instances: list[PPLInstance]) -> dict[str, torchmetrics.Metric]:
+        import torchmetrics
+
         return {"acc": torchmetrics.MeanMetric()}
 
     def process_results(self, instance: PPLInstance, responses: list[LoglikelihoodResponse]) -> dict:
