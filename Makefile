@@ -28,9 +28,9 @@ $(STAMP): pyproject.toml setup.py
 	touch $@
 
 # one pytest-xdist worker per core; a module's tests that share a server, a cluster or a loaded
-# reference (pytest.mark.xdist_group) run on one worker, the largest groups first
+# reference (pytest.mark.xdist_group) run on one worker; in conftest's order, the longest first
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup --no-loadscope-reorder
 
 run: $(STAMP)
 	$(BIN)/prunebench $(RUN_ARGS)

@@ -23,6 +23,13 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# the longest modules (a SLURM cluster's sweeps, a tracking server's) start first, so neither is the
+# last test still running on one worker while the other worker idles (make test keeps this order)
+FIRST = ("test_slurm.py", "test_server.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in FIRST)
 TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
            "trainer.enable_progress_bar=false"]
 
