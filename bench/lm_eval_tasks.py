@@ -74,6 +74,20 @@ def agreement(task, records: list[dict], out: dict) -> tuple[int, int]:
     return same, total
 
 
+def bridge_tasks(specs: str, overrides: list[str]):
+    """(config, validated tasks) of the lm-eval bridge for `--tasks` specs: lm-eval names,
+    `name:k` for k-shot, `name:k:metric` for the metric compared."""
+    entries = []
+    for spec in specs.split(","):
+        name, shots, primary = (spec.split(":") + ["", ""])[:3]
+        entries.append({"task": name, **({"num_fewshot": int(shots)} if shots else {}),
+                        **({"primary": primary} if primary else {})})
+    listed = "[" + ",".join("{" + ",".join(f"{k}:{v}" for k, v in e.items()) + "}" for e in entries) + "]"
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["task=lm_eval", f"task.lm_eval={listed}", *overrides])
+    return cfg, validate(cfg)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="prunebench config overrides (model=..., data_dir=..., limit=...)")
@@ -86,15 +100,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from lm_eval.models.huggingface import HFLM
 
-    entries = []
-    for spec in args.tasks.split(","):
-        name, shots, primary = (spec.split(":") + ["", ""])[:3]
-        entries.append({"task": name, **({"num_fewshot": int(shots)} if shots else {}),
-                        **({"primary": primary} if primary else {})})
-    listed = "[" + ",".join("{" + ",".join(f"{k}:{v}" for k, v in e.items()) + "}" for e in entries) + "]"
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["task=lm_eval", f"task.lm_eval={listed}", *args.overrides])
-    tasks = validate(cfg)
+    cfg, tasks = bridge_tasks(args.tasks, args.overrides)
     loaded = get_model(cfg.model)
     accelerator = "gpu" if loaded.device.type == "cuda" else "cpu"
     batch = args.lm_eval_batch_size

@@ -147,3 +147,37 @@ def test_documents_sharing_a_stem_run_it_once_and_score_as_the_plain_computation
     hook.remove()
     assert sorted(shape[0] for shape in forwards if shape[0] == 1)  # each stem is one row
     assert_equal_to_reference(loaded.model, docs, got)
+
+
+# Gemma-3's mixed full and sliding layers with a window longer than every document: the documents
+# then run as tries under the scorer's own mask (loglik._run_trees)
+GEMMA3_WIDE = {**GEMMA3, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+
+
+@pytest.mark.parametrize("config", [LLAMA, GEMMA3_WIDE], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_documents_run_as_tries_feed_each_distinct_token_once_in_one_forward(config, attention):
+    from prunebench.evaluation.loglik import tree_masks_exact
+
+    loaded = load_tiny(name="t", config=config, seed=3)
+    loaded.model.set_attn_implementation(attention)
+    docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]
+    assert tree_masks_exact(loaded, docs)
+    fed = []
+    hook = loaded.decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: fed.append(int((loaded.counted.weights > 0).sum())), with_kwargs=True)
+    got = score_documents(loaded, docs)
+    hook.remove()
+    # the distinct prefixes of each document's fed sequences: its trie's nodes
+    distinct = sum(len({tuple(seq[:p + 1]) for seq in doc.inputs for p in range(len(seq))}) for doc in docs)
+    assert fed == [distinct]
+    assert_equal_to_reference(loaded.model, docs, got)
+
+
+def test_a_sliding_window_shorter_than_a_document_keeps_the_cached_path():
+    from prunebench.evaluation.loglik import tree_masks_exact
+
+    loaded = load_tiny(name="t", config=GEMMA3, seed=3)  # window 8
+    docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]
+    assert not tree_masks_exact(loaded, docs)
+    assert tree_masks_exact(loaded, [d for d in docs if max(map(len, d.inputs)) <= 8])
