@@ -68,7 +68,7 @@ FORWARD_COST = 64
 STEM_MIN = 32
 # the row widths documents' tries are packed into (the longest trie's, if longer), and the positions
 # of one forward of them
-TREE_WIDTHS = (128, 256, 512)
+TREE_WIDTHS = (32, 64, 128, 256, 512)
 TREE_ROW_TOKENS = 8192
 
 
@@ -329,7 +329,7 @@ def _run_trees(model: LoadedModel, docs: Sequence[Requests], members: list[int],
         positions = torch.zeros((n, width), dtype=torch.long)
         parents = torch.full((n, width), -1, dtype=torch.long)
         weights = torch.zeros((n, width), dtype=torch.long)
-        picks = []
+        picks, fill = [], 0
         for row, members_of_row in enumerate(batch):
             offset = 0
             for t in members_of_row:
@@ -344,8 +344,11 @@ def _run_trees(model: LoadedModel, docs: Sequence[Requests], members: list[int],
                         keys.setdefault(tree.nodes[c][p], []).append((d, p) if p < shared[d] else (d, c, p))
                 picks += [(node_keys, row, offset + node) for node, node_keys in keys.items()]
                 offset += size
+            fill = max(fill, offset)
+        # the columns no row of this forward fills are not run
+        ids, positions, parents, weights = (t[:, :fill] for t in (ids, positions, parents, weights))
         # ancestors by walking every node's parent chain one step per pass (depth passes)
-        allowed = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)
+        allowed = torch.eye(fill, dtype=torch.bool).repeat(n, 1, 1)
         at = parents.clone()
         while True:
             r, c = (at >= 0).nonzero(as_tuple=True)
