@@ -81,3 +81,32 @@ def test_piqas_labels_file_is_an_input_of_its_own(tmp_path):
     flipped = [str(1 - int(v)) for v in labels.read_text().split()]
     labels.write_text("\n".join(flipped) + "\n")
     assert job_inputs(cfg, validate(cfg))["task:piqa"][str(labels.resolve())] != inputs[str(labels.resolve())]
+
+
+def test_a_dataset_another_job_registers_at_the_same_moment_is_linked_not_a_failure(store, monkeypatch):
+    """Jobs of a sweep starting together on a fresh store log the same file: MLflow looks the dataset
+    up, then inserts it, and the job losing that race got a unique-key error and FAILED (seen in the
+    SLURM test). Played in that order here: the other job's insert lands first, then MLflow's error."""
+    import sqlalchemy
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    original, raced = SqlAlchemyStore.log_inputs, []
+
+    def racing(self, run_id, datasets=None, models=None):
+        if datasets and not raced:
+            other = MlflowClient(store).create_run(self.get_run(run_id).info.experiment_id)
+            original(self, other.info.run_id, datasets, models)
+            raced.append(other.info.run_id)
+            raise MlflowException(sqlalchemy.exc.IntegrityError("INSERT INTO datasets", {}, Exception("UNIQUE")))
+        return original(self, run_id, datasets, models)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_inputs", racing)
+    assert run(compose_cfg(tiny_mc(MC_FIXTURE))) is not None
+    client = MlflowClient(store)
+    (job,) = [r for r in client.search_runs([client.get_experiment_by_name("prunebench").experiment_id])
+              if r.info.run_id not in raced]
+    assert raced and job.info.status == "FINISHED"
+    (logged,) = job.inputs.dataset_inputs
+    (other,) = client.get_run(raced[0]).inputs.dataset_inputs
+    assert logged.dataset.digest == other.dataset.digest  # one dataset, linked to both runs

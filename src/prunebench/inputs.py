@@ -88,7 +88,13 @@ def log_inputs(inputs: dict[str, dict[str, str]]) -> None:
                 source = resolve_dataset_source(path)
             # MLflow stores a dataset's digest in a column of 36 characters
             dataset = MetaDataset(source, name=Path(path).name, digest=value[:32])
-            mlflow.log_input(dataset, context=context)
+            try:
+                mlflow.log_input(dataset, context=context)
+            except mlflow.MlflowException:
+                # MLflow looks a dataset up, then inserts it: two jobs of a sweep logging the same file
+                # at once race to the insert and the loser gets a unique-key error, yet the dataset now
+                # exists, so the second try links it (any other error is raised by that try)
+                mlflow.log_input(dataset, context=context)
 
 
 # hex digits of a file's digest shown beside its name: enough to tell two versions of one file apart
