@@ -17,6 +17,8 @@ from prunebench.pruners.unstructured import one_cpu_thread
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MC_FIXTURE = FIXTURES / "mc_questions.jsonl"
+TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
+           "trainer.enable_progress_bar=false"]
 # `make test` runs on pytest-xdist's workers, one a core: a worker's torch, and the jobs it starts,
 # get its share of the cores, since threads beyond it only hand the work back and forth
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -30,8 +32,6 @@ FIRST = ("test_slurm.py", "test_server.py")
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.path.name not in FIRST)
-TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
-           "trainer.enable_progress_bar=false"]
 
 
 def reordered(scale, depth: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:
