@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, shared_file
 from prunebench.tasks.bbh import SUBTASKS, bbh, read_exemplars
 
-pytestmark = [pytest.mark.lm_eval, pytest.mark.shared_data, pytest.mark.xdist_group(__name__)]
+pytestmark = [pytest.mark.lm_eval, pytest.mark.shared_data]
 lm_eval = pytest.importorskip("lm_eval", reason="needs the reference harness lm-eval==0.4.13")
 
 DOCS = 4  # documents per subtask compared

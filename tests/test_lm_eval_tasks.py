@@ -21,7 +21,7 @@ from prunebench.models.cache import get_model
 from prunebench.tasks.lm_eval_data import LocalData, local_factory
 from prunebench.validate import validate
 
-pytestmark = [pytest.mark.lm_eval, pytest.mark.xdist_group(__name__),
+pytestmark = [pytest.mark.lm_eval,
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
 
 # a longer context than tiny-llama's 256 so that 5-shot prompts and gsm8k's 256 new tokens fit

@@ -22,9 +22,6 @@ from test_classification import glue_tsv
 from test_vision import cifar100, fashion_mnist, food101, image_folder
 from vlm_fixtures import SUITE_TASKS, write_vlm_data
 
-# one xdist worker runs the module, so its judge server and data (module fixtures) are made once
-pytestmark = pytest.mark.xdist_group(__name__)
-
 # grid jobs, dense baselines: the README's "Paper presets" table states these
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
          "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1)}

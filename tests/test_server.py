@@ -31,9 +31,6 @@ from conftest import MC_FIXTURE, TINY_MC, pause_process
 from prunebench.api.errors import ConfigError
 from prunebench.tracking import server as tracking_server
 
-# one xdist worker runs the module, so its server (PostgreSQL and MLflow) and its sweeps are made once
-pytestmark = pytest.mark.xdist_group(__name__)
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "mlflow_server.sh"
 HANG_GUARD_S = 600  # only a broken build gets here: a start takes seconds, a job too

@@ -21,9 +21,6 @@ from mlflow.tracking import MlflowClient
 from conftest import MC_FIXTURE
 from prunebench.tracking.store import prepare_sqlite
 
-# one xdist worker runs the module, so its one-node SLURM cluster (a module fixture) is made once
-pytestmark = pytest.mark.xdist_group(__name__)
-
 ROOT = Path(__file__).resolve().parents[1]
 SPARSITIES = ",".join(f"{s / 10:g}" for s in range(1, 6))
 GRID = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",

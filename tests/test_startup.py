@@ -1,14 +1,18 @@
 """What a job imports. A job that does not run (refused by validation, or already FINISHED) answers
 without loading Lightning and what comes with it; no job loads a library its tasks and model do not
 use. Read from the modules a real CLI process holds when it exits, so no CPU's speed decides it
-(bench/overhead.py times the same paths)."""
+(bench/overhead.py times the same paths). And the collector around those imports: what they add is
+frozen once, a sweep's later jobs freeze nothing, and a command still closes its SQLite store."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 from conftest import FIXTURES, TINY_MC
+from prunebench import collector
 
 JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES / 'benchmarks'}", "limit=1",
        "trainer.enable_progress_bar=false"]
@@ -20,8 +24,8 @@ RUNNING = {"lightning", "torchmetrics", "torchvision", "matplotlib", "transforme
 CODE = ("import atexit, sys\n"
         "listing = sys.argv.pop(1)\n"
         "atexit.register(lambda: open(listing, 'w').write('\\n'.join(sys.modules)))\n"
-        "from prunebench.cli import main\n"
-        "main()\n")
+        "from prunebench.commands import prunebench\n"
+        "prunebench()\n")
 
 
 def cli(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -49,7 +53,37 @@ def test_a_job_loads_only_what_it_uses_and_a_finished_one_skips_before_lightning
     assert proc.returncode == 0 and "FINISHED tiny-llama" in proc.stdout, proc.stderr[-3000:]
     assert loaded(modules, UNUSED) == set()
     assert loaded(modules, RUNNING) == RUNNING
+    # its libraries frozen, it still closed its store: an open connection leaves SQLite's -wal and -shm
+    assert sorted(p.name for p in tmp_path.glob("mlflow.db*")) == ["mlflow.db", "mlflow.db.lock"]
     proc, modules = cli(tmp_path, *JOB)
     assert proc.returncode == 0 and "skipping: run" in proc.stdout, proc.stderr[-3000:]
     assert loaded(modules, RUNNING | UNUSED) == set()
     assert "mlflow" in modules  # it did open the store to find the FINISHED run
+
+
+class Cycle:
+    pass
+
+
+def test_imports_are_frozen_once_and_a_batch_that_adds_nothing_freezes_nothing(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "freshly_made_module.py").write_text("TABLE = [[i] for i in range(1000)]\n")
+    frozen = gc.get_freeze_count()
+    try:
+        with collector.importing():
+            assert not gc.isenabled()
+            import freshly_made_module  # noqa: F401
+        assert gc.isenabled() and gc.get_freeze_count() > frozen + 1000
+        frozen = gc.get_freeze_count()
+        garbage = Cycle()  # what a sweep's previous job leaves behind: it must stay collectable
+        garbage.self, alive = garbage, weakref.ref(garbage)
+        del garbage
+        with collector.importing():
+            import freshly_made_module  # noqa: F401,F811
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        gc.collect()
+        assert alive() is None
+    finally:
+        gc.unfreeze()  # the test process's objects back under the collector
+        sys.modules.pop("freshly_made_module", None)
+

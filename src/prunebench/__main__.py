@@ -1,3 +1,3 @@
-from prunebench.cli import main
+from prunebench.commands import prunebench
 
-main()
+prunebench()

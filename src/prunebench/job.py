@@ -18,6 +18,7 @@ from hydra.core.utils import configure_log
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench import collector
 from prunebench.api.metrics import readable
 from prunebench.api.model_keys import display_name, run_dtype
 from prunebench.bench import memory
@@ -88,8 +89,9 @@ def quiet_libraries() -> None:
 def load_libraries() -> None:
     """Lightning (torchmetrics, torchvision, scipy and matplotlib with it) and transformers, 2-3 s of
     imports, once a job is known to run; inside a Hydra job its logging is then applied again."""
-    import lightning.pytorch  # noqa: F401
-    import transformers  # noqa: F401
+    with collector.importing():
+        import lightning.pytorch  # noqa: F401
+        import transformers  # noqa: F401
 
     if HydraConfig.initialized():
         quiet_libraries()
