@@ -85,6 +85,9 @@ EOF
 port=${3:-$(cat "$dir"/port 2>/dev/null || echo 5000)}
 echo "$port" > "$dir"/port
 mkdir -p "$dir"/artifacts
+# MLflow's server-side job runner (its GenAI jobs: seven huey processes beside the web workers) has
+# nothing to do for runs that prunebench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true turns it back on
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
 MLFLOW_AUTH_CONFIG_PATH="$dir"/basic_auth.ini MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$dir"/flask_secret) \
   setsid "$PYTHON" -m mlflow server --backend-store-uri "$db_uri/prunebench" --app-name basic-auth \
   --serve-artifacts --artifacts-destination "$dir"/artifacts --host "$HOST" --port "$port" \
