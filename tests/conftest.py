@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,11 +67,35 @@ def one_thread():
         yield
 
 
+@pytest.fixture(scope="session")
+def first_opened_store(tmp_path_factory) -> Path:
+    """A SQLite file as MLflow's first open leaves it (tables created and migrated, WAL mode set),
+    made once per test process by prunebench's own opening code in a process whose exit closes it."""
+    path = tmp_path_factory.mktemp("first-opened") / "mlflow.db"
+    subprocess.run([sys.executable, "-c", "import sys\nfrom prunebench.tracking.store import prepare_sqlite\n"
+                    "prepare_sqlite(sys.argv[1])", f"sqlite:///{path}"], check=True, capture_output=True, timeout=300)
+    return path
+
+
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A fresh SQLite MLflow store in a temporary working directory."""
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def store(tmp_path, monkeypatch, first_opened_store):
+    """An empty SQLite MLflow store in a temporary working directory: a copy of `first_opened_store`,
+    since creating and migrating the tables costs each test about a second. Tests of that first open
+    itself, or that no store was made, take `fresh_store`."""
+    shutil.copyfile(first_opened_store, tmp_path / "mlflow.db")
+    return store_in(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def fresh_store(tmp_path, monkeypatch):
+    """A SQLite MLflow store not yet created, in a temporary working directory."""
+    return store_in(tmp_path, monkeypatch)
+
+
+def store_in(folder: Path, monkeypatch) -> str:
+    """The working directory and MLflow's tracking URI: `folder` and its mlflow.db."""
+    monkeypatch.chdir(folder)
+    uri = f"sqlite:///{folder}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 

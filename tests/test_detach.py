@@ -115,11 +115,11 @@ def test_a_jobs_state_tag_is_valid_json_with_its_end(store):
     assert tag["overrides"] == "sparsity=0.5"
 
 
-def test_detach_with_a_launcher_that_cannot_return_is_refused_before_the_sweep_starts(store):
+def test_detach_with_a_launcher_that_cannot_return_is_refused_before_the_sweep_starts(fresh_store):
     proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llama", "pruner=none",
                            "task=local_mc", "detach=true"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode != 0
     assert "detach=true needs hydra/launcher=prunebench_slurm or slurm_gpu" in proc.stderr + proc.stdout
     assert "BasicLauncher" in proc.stderr + proc.stdout
-    assert not Path(store[len("sqlite:///"):]).exists()  # refused before the store was opened: no parent run
+    assert not Path(fresh_store[len("sqlite:///"):]).exists()  # refused before the store was opened: no parent run

@@ -110,13 +110,13 @@ def test_every_preset_option_is_a_preset_with_a_grid():
 
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
-def test_preset_grid_composes_and_validates_with_tiny_models(name, data, store):
+def test_preset_grid_composes_and_validates_with_tiny_models(name, data, fresh_store):
     jobs = preset_plan(name, tiny(name, data))
     grid = [j for j in jobs if j.overrides[0] != DENSE]
     assert [j.note for j in jobs if j.status == "invalid"] == []
     assert (len(grid), len(jobs) - len(grid)) == GRIDS[name]
     assert {j.status for j in jobs} == {"left"}
-    assert not Path(store.removeprefix("sqlite:///")).exists()  # validated without touching the store
+    assert not Path(fresh_store.removeprefix("sqlite:///")).exists()  # validated without touching the store
 
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
@@ -145,7 +145,7 @@ def test_plan_counts_finished_runs_and_writes_nothing(store, capsys):
     assert len(mlflow.search_runs(experiment_names=["prunebench"])) == len(before) == 2
 
 
-def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(store, capsys):
+def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(fresh_store, capsys):
     overrides = ["experiment=dynmoe_olmoe", "model=tiny-olmoe", "task=local_mc",
                  f"task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}", "plan=true"]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
@@ -156,7 +156,7 @@ def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(store, capsys
             SweepRunCallback(planner="prunebench.plan.sweep_plan").on_multirun_start(cfg)
     assert stop.value.code == 0
     assert "5 grid jobs + 1 dense baseline(s): 0 done, 6 left" in capsys.readouterr().out
-    assert not Path(store.removeprefix("sqlite:///")).exists()
+    assert not Path(fresh_store.removeprefix("sqlite:///")).exists()
 
 
 def test_plan_marks_a_job_that_cannot_run_and_the_repeats():

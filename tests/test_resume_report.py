@@ -56,14 +56,14 @@ def test_a_resumed_sweep_reports_its_whole_grid_and_an_all_skipped_one_still_rep
     assert sorted(zip(*[pd.read_csv(tmp_path / "latest" / "results.csv")[c] for c in ("pruner", "sparsity")])) == grid
 
 
-def test_two_sweeps_started_together_on_a_fresh_store_keep_their_own_parent_folder_and_report(store):
+def test_two_sweeps_started_together_on_a_fresh_store_keep_their_own_parent_folder_and_report(fresh_store):
     procs = [subprocess.Popen([sys.executable, "-m", "prunebench", *BASE, "pruner=none", f"seed={seed}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-4000:]
         assert "CommandError" not in err and "could not" not in err, err[-4000:]
-    found = parents(store)
+    found = parents(fresh_store)
     assert len(found) == 2 and set(found.status) == {"FINISHED"}
     folders = set(found["tags.hydra.sweep_dir"])
     assert len(folders) == 2 and all((Path(f) / "report" / "results.md").is_file() for f in folders)
