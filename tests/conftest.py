@@ -27,13 +27,15 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# the longest modules (a SLURM cluster's sweeps, a tracking server's) start first, so neither is the
-# last test still running on one worker while the other worker idles (make test keeps this order)
-FIRST = ("test_slurm.py", "test_server.py")
+# the longest modules first, longest to shortest (--durations, 2026-12-02: a SLURM cluster's sweeps,
+# a tracking server's, the real-model conformance runs, the presets' grids...), so that no long one is
+# the last still running on one worker while the other idles (make test keeps this order)
+FIRST = ("test_slurm.py", "test_server.py", "test_lm_eval_tasks.py", "test_presets.py", "test_sweep.py",
+         "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py")
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in FIRST)
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
 
 
 def reordered(scale, depth: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:
