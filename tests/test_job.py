@@ -59,6 +59,13 @@ def test_finished_run_key_is_skipped_and_dense_keys_coincide(store):
     assert len(runs(store)) == 1
 
 
+def test_a_job_runs_in_its_experiment_whichever_one_the_caller_made_active(store):
+    mlflow.set_experiment("a-notebooks-own")  # MLflow's global state, as a notebook leaves it
+    assert run(compose_cfg(TINY_MC + ["pruner=none", "tracking.experiment=elsewhere"])) is not None
+    assert [r.info.status for r in MlflowClient(store).search_runs(
+        [MlflowClient(store).get_experiment_by_name("elsewhere").experiment_id])] == ["FINISHED"]
+
+
 def test_run_key_holds_only_the_protocol_that_runs():
     from prunebench.tracking.run_key import run_key
 

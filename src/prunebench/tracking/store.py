@@ -94,6 +94,9 @@ def job_run(claim, run_name: str):
     interrupt) with the traceback logged, so no run is ever left RUNNING. A run whose claim was lost
     meanwhile (`claim.lost_to`) does not end FINISHED: taken over, it stays KILLED; beaten by an
     overlapping run of its key, it is deleted, so the key keeps one FINISHED run."""
+    # the run's own experiment made active: MLflow refuses to resume a run of another experiment than
+    # the one a caller (a notebook, an earlier job of this process) set active
+    mlflow.set_experiment(experiment_id=claim.exp_id)
     run = mlflow.start_run(run_id=claim.run_id)
     try:
         with claim.heartbeat():
