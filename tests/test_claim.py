@@ -1,10 +1,11 @@
 """Run-key claims between real worker processes: one runs a key, a second waits for it, a dead or
 silent holder is taken over, and a key ends with one FINISHED run and nothing left RUNNING.
 
-The workers are paused (SIGSTOP) and killed (SIGKILL) once their claim is in the store and their job
-has begun (its parameters logged), and paused only while the test holds the store's write lock, so a
-paused worker holds no lock the others wait on: each interleaving is forced, and every wait is on a
-condition (a run's state, a log line, a process stopped), never on a wall-clock margin."""
+The workers are paused (SIGSTOP) or killed (SIGKILL) once their claim is in the store and their job
+has begun (its parameters logged), at the same look, while the test holds the store's write lock: a
+job cannot end its run first, however fast, and a paused worker holds no lock the others wait on.
+Each interleaving is forced, and every wait is on a condition (a run's state, a log line, a process
+stopped), never on a wall-clock margin."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 from mlflow.tracking import MlflowClient
 
@@ -43,25 +45,32 @@ def key_runs(uri: str):
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 
-def wait_for_claim(uri: str) -> str:
-    """The claimed run's id once its job has begun: its parameters are logged after the claim is
-    settled (`claim.acquire`), so the holder is past the claim's own checks."""
+def at_claim(proc: subprocess.Popen, uri: str, act: Callable[[subprocess.Popen], None]) -> str:
+    """`act(proc)` (pause it, kill it) once its job has begun, and the claimed run's id. Its parameters
+    are logged after the claim is settled (`claim.acquire`), so the holder is past the claim's own
+    checks. The look and the act happen while the test holds the store's write lock: a tiny job
+    cannot end its run in between (ending is a write), and the worker is then between writes (or
+    waiting for the lock, which holds nothing), so a paused worker blocks no other's writes."""
+    key_runs(uri)  # MLflow's first open of the file, outside the lock
     deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline:
-        running = [r for r in key_runs(uri) if r.info.status == "RUNNING" and r.data.params]
-        if running:
-            return running[0].info.run_id
-        time.sleep(0.2)
+    with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
+        while time.monotonic() < deadline:
+            db.execute("BEGIN IMMEDIATE")  # waits for a write of the worker in progress to commit
+            try:
+                running = [r for r in key_runs(uri) if r.info.status == "RUNNING" and r.data.params]
+                if running:
+                    act(proc)
+                    return running[0].info.run_id
+            finally:
+                db.execute("ROLLBACK")
+            assert proc.poll() is None, f"the worker ended (rc {proc.returncode}) without claiming its key"
+            time.sleep(0.2)
     raise AssertionError("the first worker never claimed its key")
 
 
-def pause(proc: subprocess.Popen, uri: str) -> None:
-    """SIGSTOP while the test holds the store's write lock: the worker is then between writes (or
-    waiting for the lock, which holds nothing), so the paused worker cannot block another's writes."""
-    with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
-        db.execute("BEGIN IMMEDIATE")  # waits for a write of the worker in progress to commit
-        pause_process(proc)
-        db.execute("ROLLBACK")
+def kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
 
 
 def read_until(proc: subprocess.Popen, text: str) -> list[str]:
@@ -85,8 +94,7 @@ def statuses(uri: str) -> list[str]:
 
 def test_a_second_worker_waits_for_the_live_holder_then_skips(store):
     first = worker()
-    wait_for_claim(store)
-    pause(first, store)  # holds the claim, heartbeat fresh enough (stale_s is 300)
+    at_claim(first, store, pause_process)  # holds the claim, heartbeat fresh enough (stale_s is 300)
     second = worker()
     try:
         read_until(second, "waiting for it")
@@ -100,9 +108,7 @@ def test_a_second_worker_waits_for_the_live_holder_then_skips(store):
 def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store):
     slurm = {"SLURM_JOB_ID": "4242"}
     first = worker(env=slurm)
-    killed = wait_for_claim(store)
-    first.kill()
-    first.wait()
+    killed = at_claim(first, store, kill)
     finish(worker(env=slurm))  # stale_s is 300: only the same job id can tell the claim is dead
     runs = {r.info.run_id: r for r in key_runs(store)}
     assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "KILLED"]
@@ -113,8 +119,7 @@ def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store):
 
 def test_a_silent_holder_is_taken_over_and_does_not_finish_when_it_wakes(store):
     first = worker()
-    silent = wait_for_claim(store)
-    pause(first, store)  # its heartbeat stops with it
+    silent = at_claim(first, store, pause_process)  # its heartbeat stops with it
     try:
         # waits while the paused holder's last beat is under 1 s old, then takes the claim over
         second = worker("tracking.claim.stale_s=1")
