@@ -87,3 +87,14 @@ def test_imports_are_frozen_once_and_a_batch_that_adds_nothing_freezes_nothing(t
         gc.unfreeze()  # the test process's objects back under the collector
         sys.modules.pop("freshly_made_module", None)
 
+
+
+def test_a_job_run_outside_the_console_scripts_still_closes_its_store(store, tmp_path):
+    """As a SLURM or joblib job runs one: `job.run` in a process of its own, which freezes what
+    `load_libraries` imports; the store is closed at its exit all the same."""
+    code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom conftest import compose_cfg\n"
+            "from prunebench.job import run\nrun(compose_cfg(sys.argv[2:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(FIXTURES.parent), *JOB], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("mlflow.db*")) == ["mlflow.db", "mlflow.db.lock"]

@@ -1,4 +1,4 @@
-"""The garbage collector around a command's library imports. torch, transformers, Lightning (with
+"""The garbage collector around a process's library imports. torch, transformers, Lightning (with
 torchmetrics, torchvision and torch._dynamo) and MLflow leave some 600k long-lived objects: the
 collector's passes over them cost a one-document job about 1 s during the imports and 2 s more at
 interpreter exit, where every module's objects are swept again (bench/overhead.py). So a batch of
@@ -7,6 +7,7 @@ library's answer for long-lived objects): later passes, and the one at exit, ski
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import sys
@@ -24,6 +25,10 @@ def importing():
     finally:
         if len(sys.modules) > modules:
             gc.freeze()
+            # in any process that froze, whatever started it (a console script, a SLURM or joblib job);
+            # once, however many batches froze
+            atexit.unregister(close_stores)
+            atexit.register(close_stores)
         if was_enabled:
             gc.enable()
 
