@@ -96,7 +96,10 @@ def interrupt(uri: str, env: dict, going: Callable[[], bool], cancels: int = 2, 
             else:
                 subprocess.run(["scontrol", "requeue", job], env=env, check=True)
                 done["requeue"].append(job)
-            break
+            # every eligible job of this look is hit in it: a job now ends some 4 s after it starts, and
+            # a look per hit (0.2 s apart, each a search) let the last ones end first
+            if len(done["scancel"]) + len(done["requeue"]) == cancels + requeues:
+                break
         if release_requeued:
             release(env, done["requeue"])
         time.sleep(0.2)
