@@ -53,7 +53,7 @@ def main(overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
     from prunebench.bench import memory
-    from prunebench.job import evaluate_task
+    from prunebench.job import evaluate_task, load_libraries
     from prunebench.models import cache
     from prunebench.paths import CONF_DIR
     from prunebench.validate import validate
@@ -61,6 +61,7 @@ def main(overrides: list[str]) -> None:
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=DEFAULTS + overrides)
     tasks = validate(cfg)
+    load_libraries()  # Lightning and transformers, as a job imports them before its model
     report("libraries, config, tasks", start)
     memory.reset_peaks()  # where a job's `memory/peak_host_gb` starts counting
     loaded = cache.get_model(cfg.model)

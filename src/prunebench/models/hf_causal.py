@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prunebench.models.loaded import LoadedModel, model_max_length, placed, resolve_dtype
+from prunebench.models.lean import lean_tokenizer, load_widened
 
 
 def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: str = "float32",
@@ -14,12 +15,17 @@ def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: st
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    def read():
-        return placed(AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs), device, device_map)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
 
+    def read():
+        # a local half-precision checkpoint read at fp32 is widened a slice at a time (models/lean.py)
+        lean = (None if device_map or trust_remote_code or revision
+                else load_widened(path, kwargs["dtype"], **extra))
+        model = lean or AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs, **extra)
+        return placed(model, device, device_map)
+
+    # the tokenizer first: what its loading leaves freed is returned before the weights arrive
+    tokenizer = lean_tokenizer(AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code))
     model = read()
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
                        max_length=model_max_length(model.config, tokenizer, max_length), reload=read)
