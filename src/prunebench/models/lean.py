@@ -1,15 +1,15 @@
-"""A half-precision checkpoint (bf16 or fp16 safetensors, as most causal LMs ship) read at fp32
-without its file's pages held beside the widened weights.
+"""Loading a model with no more host memory than the job keeps of it (the issue's peak of 2.2x the
+weights): a half-precision checkpoint read at fp32, and a tokenizer's construction copies.
 
-`from_pretrained(path, dtype=float32)` memory-maps the file and widens every tensor from it; the
-pages it read stay in the process's resident set until the whole load ends, so a gemma3-270m fp32 job
-peaked 0.5 GB (the bf16 file) above the weights it kept. Here each tensor is widened a slice at a
-time from the same mapping (safetensors' own `safe_open`), and the slice's pages are given back
-(`madvise(MADV_DONTNEED)`, which on a private mapping of a file that nothing wrote only drops them
-from this process: a later read would fault them in from the file again). transformers then builds the model around these
-tensors, without copying them, and computes its buffers as `from_pretrained(path)` would: the
-result is the same model, bit for bit (tests/test_widened.py). No library offers this streaming
-widen, hence the few lines by hand."""
+`from_pretrained(path, dtype=float32)` memory-maps a bf16 or fp16 safetensors file (as most causal
+LMs ship) and widens every tensor from it; the pages it read stay in the process's resident set until
+the whole load ends, so a gemma3-270m fp32 job peaked 0.5 GB (the bf16 file) above the weights it
+kept. Here each tensor is widened a slice at a time from the same mapping (safetensors' own
+`safe_open`), and the slice's pages are given back (`madvise(MADV_DONTNEED)`, which on a private
+mapping of a file that nothing wrote only drops them from this process: a later read faults them in
+from the file again). transformers then builds the model around these tensors, without copying
+them, and computes its buffers as `from_pretrained(path)` would: the same model, bit for bit
+(tests/test_lean.py). No library offers this streaming widen, hence the few lines by hand."""
 
 from __future__ import annotations
 
