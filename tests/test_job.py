@@ -128,17 +128,22 @@ def test_remote_code_stays_off_unless_set_and_is_a_tag_when_set(monkeypatch):
     class Stop(Exception):
         pass
 
+    def tokenizer(path, **kwargs):  # read first, before the weights: stands in and lets the load go on
+        seen.append(("tokenizer", kwargs["trust_remote_code"]))
+        return object()
+
     def from_pretrained(path, **kwargs):
-        seen.append(kwargs["trust_remote_code"])
+        seen.append(("model", kwargs["trust_remote_code"]))
         raise Stop
 
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
     for overrides in ([], ["model.trust_remote_code=true"]):
         cfg = compose_cfg(["model=hf_causal", "model.path=/models/x", *overrides])
         with pytest.raises(Stop):
             load_causal_lm(**{k: v for k, v in cfg.model.items() if k != "_target_"})
         assert ("prunebench.trust_remote_code" in job_tags(cfg, "k", [])) == bool(overrides)
-    assert seen == [False, True]
+    assert seen == [("tokenizer", False), ("model", False), ("tokenizer", True), ("model", True)]
 
 
 def test_a_job_that_dies_on_a_later_task_keeps_the_finished_tasks_metrics(store, monkeypatch, tmp_path):

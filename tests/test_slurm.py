@@ -35,7 +35,7 @@ GRID = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={
 CELLS = 10
 HANG_GUARD_S = 900  # only a broken cluster gets here
 # the store's lock is held this long after a hit: slurmd signals a job within milliseconds here, and
-# well inside the cluster's KillWait (5 s), after which an unfinished job would be killed outright
+# well inside the cluster's KillWait (30 s), after which an unfinished job would be killed outright
 SIGNAL_S = 1.0
 
 
