@@ -88,9 +88,8 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
-# scancel and requeue: SIGTERM, then SIGKILL after 30 s, SLURM's default: a job ends its run KILLED on
-# SIGTERM, which takes some seconds on a slow machine (5 s was too short for one waiting on the store)
-KillWait=30
+# scancel and requeue: SIGTERM, then SIGKILL after 5 s (a job ends its run KILLED on SIGTERM)
+KillWait=5
 NodeName=$host CPUs=$((cpus * 2)) RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF

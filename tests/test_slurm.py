@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
@@ -34,9 +32,6 @@ GRID = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={
 # cluster's 2-per-core slots still busy while they are hit
 CELLS = 10
 HANG_GUARD_S = 900  # only a broken cluster gets here
-# the store's lock is held this long after a hit: slurmd signals a job within milliseconds here, and
-# well inside the cluster's KillWait (30 s), after which an unfinished job would be killed outright
-SIGNAL_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -82,51 +77,33 @@ def job_runs(uri: str):
 def interrupt(uri: str, env: dict, going: Callable[[], bool], cancels: int = 2, requeues: int = 2,
               release_requeued: bool = True) -> dict[str, list[str]]:
     """While the sweep runs (`going`): cancels `cancels` jobs and requeues `requeues` others as soon as
-    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job.
-
-    Each look, and the hits it makes, happen while the test holds the store's write lock, kept a
-    moment longer for SLURM to deliver the signals: a job seen RUNNING without metrics cannot log
-    them, let alone end its run, before its signal arrives, so every hit lands (a job ends some 4 s
-    after it starts, and hits made after a look without the lock could reach a job that had ended)."""
+    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job."""
     done = {"scancel": [], "requeue": []}
     deadline = time.monotonic() + HANG_GUARD_S
-    job_runs(uri)  # MLflow's first open of the file, outside the lock
-    with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
-        while going() and time.monotonic() < deadline:
-            hit = {j for jobs in done.values() for j in jobs}
-            if len(hit) == cancels + requeues and not (queued(env) and release_requeued):
-                break
-            if len(hit) < cancels + requeues:
-                db.execute("BEGIN IMMEDIATE")  # waits for a job's write in progress to commit
-                try:
-                    if hit_running(uri, env, done, hit, cancels, requeues):
-                        time.sleep(SIGNAL_S)
-                finally:
-                    db.execute("ROLLBACK")
-            if release_requeued:
-                release(env, done["requeue"])
-            time.sleep(0.2)
-    return done
-
-
-def hit_running(uri: str, env: dict, done: dict[str, list[str]], hit: set[str], cancels: int, requeues: int) -> bool:
-    """Cancels, then requeues, every job of this look whose run is RUNNING without metrics; whether any."""
-    any_hit = False
-    for run in job_runs(uri):
-        worker = run.data.tags.get("prunebench.worker", "")
-        job = worker.removeprefix("slurm:")  # the array task, as scancel names it (1_7)
-        if run.info.status != "RUNNING" or run.data.metrics or job in hit or not worker.startswith("slurm:"):
-            continue
-        if len(done["scancel"]) < cancels:
-            subprocess.run(["scancel", job], env=env, check=True)
-            done["scancel"].append(job)
-        else:
-            subprocess.run(["scontrol", "requeue", job], env=env, check=True)
-            done["requeue"].append(job)
-        any_hit = True
-        if len(done["scancel"]) + len(done["requeue"]) == cancels + requeues:
+    while going() and time.monotonic() < deadline:
+        hit = {j for jobs in done.values() for j in jobs}
+        if len(hit) == cancels + requeues and not (queued(env) and release_requeued):
             break
-    return any_hit
+        for run in job_runs(uri) if len(hit) < cancels + requeues else ():
+            worker = run.data.tags.get("prunebench.worker", "")
+            job = worker.removeprefix("slurm:")  # the array task, as scancel names it (1_7)
+            # a job that has not logged its metrics yet is some seconds from its end
+            if run.info.status != "RUNNING" or run.data.metrics or job in hit or not worker.startswith("slurm:"):
+                continue
+            if len(done["scancel"]) < cancels:
+                subprocess.run(["scancel", job], env=env, check=True)
+                done["scancel"].append(job)
+            else:
+                subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+                done["requeue"].append(job)
+            # every eligible job of this look is hit in it: a job now ends some 4 s after it starts, and
+            # a look per hit (0.2 s apart, each a search) let the last ones end first
+            if len(done["scancel"]) + len(done["requeue"]) == cancels + requeues:
+                break
+        if release_requeued:
+            release(env, done["requeue"])
+        time.sleep(0.2)
+    return done
 
 
 def release(env: dict, requeued: list[str]) -> None:
