@@ -88,8 +88,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
-# scancel and requeue: SIGTERM, then SIGKILL after 5 s (a job ends its run KILLED on SIGTERM)
-KillWait=5
+# scancel and requeue: SIGTERM, then SIGKILL after 30 s, SLURM's default: a job ends its run KILLED on
+# SIGTERM, which can take more than 5 s on a slow machine whose store is busy
+KillWait=30
 NodeName=$host CPUs=$((cpus * 2)) RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
