@@ -36,12 +36,10 @@ def checkpoint_files(folder: Path) -> list[Path] | None:
 
 
 def widened_state_dict(files: list[Path], dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
-    """Every tensor of `files` at `dtype`, or None when one is not a half-precision float narrower
-    than `dtype` (then the plain load is as lean, or the checkpoint is one this path does not know)."""
+    """Every tensor of `files` at `dtype` (fp32), or None when one is not a half-precision float (then
+    the plain load is as lean, or the checkpoint is one this path does not know)."""
     from safetensors import safe_open
 
-    if dtype != torch.float32:
-        return None
     with ExitStack() as files_open:
         handles = [files_open.enter_context(safe_open(str(path), framework="pt")) for path in files]
         if any(handle.get_slice(key).get_dtype() not in NARROW for handle in handles for key in handle.keys()):
@@ -103,6 +101,8 @@ def load_widened(folder: str, dtype: torch.dtype, **kwargs):
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if dtype != torch.float32:  # only widening to fp32 holds a second copy; decided before any file is read
+        return None
     local = Path(folder).expanduser()
     files = checkpoint_files(local) if local.is_dir() else None
     if not files:
