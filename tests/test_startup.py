@@ -7,23 +7,31 @@ frozen once, a sweep's later jobs freeze nothing, and a command still closes its
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import weakref
 
+import pytest
+import torch
+
 from conftest import FIXTURES, TINY_MC
 from prunebench import collector
+from prunebench.job import skip_gpu_compiler
 
 JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES / 'benchmarks'}", "limit=1",
        "trainer.enable_progress_bar=false"]
-# no tiny-llama winogrande job uses these: lm-eval's own tasks, image models, HF datasets, MLflow's server
-UNUSED = {"lm_eval", "timm", "datasets", "sklearn", "mlflow.server"}
+# no tiny-llama winogrande job uses these: lm-eval's own tasks, image models, HF datasets, MLflow's
+# server; nor, with no GPU in sight (CUDA_VISIBLE_DEVICES="" below, so on any host), Triton
+UNUSED = {"lm_eval", "timm", "datasets", "sklearn", "mlflow.server", "triton"}
 # what only a job that runs needs: Lightning imports torchmetrics, which imports torchvision,
 # matplotlib and transformers
 RUNNING = {"lightning", "torchmetrics", "torchvision", "matplotlib", "transformers"}
 CODE = ("import atexit, sys\n"
         "listing = sys.argv.pop(1)\n"
-        "atexit.register(lambda: open(listing, 'w').write('\\n'.join(sys.modules)))\n"
+        # a module marked absent (sys.modules[name] = None) was never imported
+        "names = lambda: (name for name, module in sys.modules.items() if module is not None)\n"
+        "atexit.register(lambda: open(listing, 'w').write('\\n'.join(names())))\n"
         "from prunebench.commands import prunebench\n"
         "prunebench()\n")
 
@@ -32,7 +40,7 @@ def cli(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     """`python -m prunebench ARGS`, and the top-level packages and modules it had imported when it exited."""
     listing = tmp_path / "modules.txt"
     proc = subprocess.run([sys.executable, "-c", CODE, str(listing), *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     modules = set(listing.read_text().split("\n"))
     return proc, modules
 
@@ -59,6 +67,19 @@ def test_a_job_loads_only_what_it_uses_and_a_finished_one_skips_before_lightning
     assert proc.returncode == 0 and "skipping: run" in proc.stdout, proc.stderr[-3000:]
     assert loaded(modules, RUNNING | UNUSED) == set()
     assert "mlflow" in modules  # it did open the store to find the FINISHED run
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_triton_is_marked_absent_only_where_no_gpu_could_run_its_kernels(monkeypatch, gpu):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    skip_gpu_compiler()
+    assert ("triton" in sys.modules) is not gpu and sys.modules.get("triton") is None
+    imported = object()  # a process that imported it already keeps it, GPU or not
+    monkeypatch.setitem(sys.modules, "triton", imported)
+    skip_gpu_compiler()
+    assert sys.modules["triton"] is imported
 
 
 class Cycle:
