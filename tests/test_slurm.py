@@ -77,33 +77,49 @@ def job_runs(uri: str):
 def interrupt(uri: str, env: dict, going: Callable[[], bool], cancels: int = 2, requeues: int = 2,
               release_requeued: bool = True) -> dict[str, list[str]]:
     """While the sweep runs (`going`): cancels `cancels` jobs and requeues `requeues` others as soon as
-    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job."""
-    done = {"scancel": [], "requeue": []}
+    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the
+    signal it leads to are apart in time, and a job may end its run between them: a hit counts once
+    the job has ended its run KILLED; one whose run ended any other way missed, and another job takes
+    its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
+    each back, those that missed included)."""
+    want = {"scancel": cancels, "requeue": requeues}
+    landed = {"scancel": [], "requeue": []}
+    pending: dict[str, tuple[str, str]] = {}  # run id -> (how it was hit, the job)
+    tried, requeued = set(), []
     deadline = time.monotonic() + HANG_GUARD_S
-    while going() and time.monotonic() < deadline:
-        hit = {j for jobs in done.values() for j in jobs}
-        if len(hit) == cancels + requeues and not (queued(env) and release_requeued):
+    while time.monotonic() < deadline:
+        runs = job_runs(uri)
+        ended = {run.info.run_id: run.info.status for run in runs if run.info.status != "RUNNING"}
+        for run_id in pending.keys() & ended.keys():
+            how, job = pending.pop(run_id)
+            if ended[run_id] == "KILLED":
+                landed[how].append(job)
+        short = {how: want[how] - len(landed[how]) - sum(h == how for h, _ in pending.values()) for how in want}
+        running = going()
+        if not pending and (not running or not any(short.values()) and not (queued(env) and release_requeued)):
             break
-        for run in job_runs(uri) if len(hit) < cancels + requeues else ():
+        # every eligible job of this look is hit in it: a job ends some 4 s after it starts, and a look
+        # per hit (0.2 s apart, each a search) let the last ones end first
+        for run in runs if running else ():
             worker = run.data.tags.get("prunebench.worker", "")
             job = worker.removeprefix("slurm:")  # the array task, as scancel names it (1_7)
             # a job that has not logged its metrics yet is some seconds from its end
-            if run.info.status != "RUNNING" or run.data.metrics or job in hit or not worker.startswith("slurm:"):
+            if run.info.status != "RUNNING" or run.data.metrics or job in tried or not worker.startswith("slurm:"):
                 continue
-            if len(done["scancel"]) < cancels:
-                subprocess.run(["scancel", job], env=env, check=True)
-                done["scancel"].append(job)
-            else:
-                subprocess.run(["scontrol", "requeue", job], env=env, check=True)
-                done["requeue"].append(job)
-            # every eligible job of this look is hit in it: a job now ends some 4 s after it starts, and
-            # a look per hit (0.2 s apart, each a search) let the last ones end first
-            if len(done["scancel"]) + len(done["requeue"]) == cancels + requeues:
+            how = next((how for how in want if short[how]), None)
+            if how is None:
                 break
+            # unchecked: SLURM may refuse to requeue a job that ended since the look, a hit that missed
+            subprocess.run(["scancel", job] if how == "scancel" else ["scontrol", "requeue", job], env=env)
+            tried.add(job)
+            pending[run.info.run_id] = how, job
+            short[how] -= 1
+            if how == "requeue":
+                requeued.append(job)
         if release_requeued:
-            release(env, done["requeue"])
+            release(env, requeued)
         time.sleep(0.2)
-    return done
+    return {**landed, "requeued": requeued}
 
 
 def release(env: dict, requeued: list[str]) -> None:
@@ -135,9 +151,9 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
     if first.poll() is None:
         first.terminate()
     out, _ = first.communicate(timeout=HANG_GUARD_S)
-    assert len(hit["scancel"]) == 2 and len(hit["requeue"]) == 2, out[-4000:]
+    assert len(hit["scancel"]) == 2 and len(hit["requeue"]) == 2, (hit, out[-4000:])
     assert first.returncode != 0, (hit, Counter(r.info.status for r in job_runs(store)), out[-6000:])  # cancelled jobs fail it
-    wait_for_empty_queue(env, hit["requeue"])
+    wait_for_empty_queue(env, hit["requeued"])
     runs = job_runs(store)
     # each job hit ended its run KILLED on SIGTERM; each requeued one then FINISHED as attempt 2
     assert Counter(r.info.status for r in runs) == {"FINISHED": CELLS - 2, "KILLED": 4}
@@ -232,8 +248,8 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
             assert re.match(r"\d+ s", detail), out
     assert client.get_run(first["parent"]).info.status == "RUNNING"
 
-    release(env, hit["requeue"])
-    wait_for_empty_queue(env, hit["requeue"])
+    release(env, hit["requeued"])
+    wait_for_empty_queue(env, hit["requeued"])
     parent = client.get_run(first["parent"])
     # counted as the blocking path counts: 2 cancelled runs and the requeued task's first attempt KILLED
     assert parent.info.status == "FAILED", parent.data.tags

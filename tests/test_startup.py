@@ -61,6 +61,7 @@ def test_a_job_loads_only_what_it_uses_and_a_finished_one_skips_before_lightning
     assert proc.returncode == 0 and "FINISHED tiny-llama" in proc.stdout, proc.stderr[-3000:]
     assert loaded(modules, UNUSED) == set()
     assert loaded(modules, RUNNING) == RUNNING
+    assert "triton" not in proc.stdout + proc.stderr  # nor does its log mention it
     # its libraries frozen, it still closed its store: an open connection leaves SQLite's -wal and -shm
     assert sorted(p.name for p in tmp_path.glob("mlflow.db*")) == ["mlflow.db", "mlflow.db.lock"]
     proc, modules = cli(tmp_path, *JOB)

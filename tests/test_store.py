@@ -1,15 +1,21 @@
 """The local SQLite store under parallel writers: no job fails on "database is locked" or on the
-schema migration that parallel first opens of a fresh file race through."""
+schema migration that parallel first opens of a fresh file race through; nor when a job is signalled
+in the middle of one of its writes."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
+
+from prunebench.cli import exit_outside_the_store
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RUNS_EACH = 10
@@ -44,3 +50,33 @@ def test_four_writers_on_a_fresh_sqlite_store_lose_nothing(tmp_path):
     assert len(runs) == 4 * RUNS_EACH and {r.info.status for r in runs} == {"FINISHED"}
     assert all(len(r.data.metrics) == 5 for r in runs)
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def frame_of(*modules: str):
+    """The innermost frame of calls through code of `modules` (outermost first), as the signal
+    handler is handed one."""
+    call = sys._getframe
+    for module in reversed(modules):
+        scope = {"__name__": module, "inner": call}
+        exec("def call():\n    return inner()\n", scope)
+        call = scope["call"]
+    return call()
+
+
+@pytest.mark.parametrize("module", ["sqlalchemy.orm.session", "mlflow.store.tracking.sqlalchemy_store"])
+def test_sigterm_inside_a_store_call_comes_again_instead_of_exiting_there(monkeypatch, module):
+    """SystemExit raised inside the SQL store left its connection holding SQLite's write lock (the
+    job's KILLED write and every other writer then failed, "database is locked"), or was swallowed
+    by a finalizer SQLAlchemy was running: the handler lets the call return and the signal come again."""
+    again = threading.Event()
+    monkeypatch.setattr(os, "kill", lambda pid, signum: again.set() if (pid, signum) == (os.getpid(), signal.SIGTERM)
+                        else None)
+    # the store's code calls another library's (the innermost frame): the handler looks outward
+    exit_outside_the_store(signal.SIGTERM, frame_of(module, "json.decoder"))  # returns: no SystemExit
+    assert again.wait(10)
+
+
+def test_sigterm_anywhere_else_exits_at_once_with_its_status():
+    with pytest.raises(SystemExit) as ended:
+        exit_outside_the_store(signal.SIGTERM, frame_of("prunebench.job", "json.decoder"))
+    assert ended.value.code == 128 + signal.SIGTERM

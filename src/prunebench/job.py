@@ -107,8 +107,13 @@ def skip_gpu_compiler() -> None:
     keeps it."""
     import torch
 
-    if not (torch.cuda.is_available() or torch.xpu.is_available()):
-        sys.modules.setdefault("triton", None)
+    if not (torch.cuda.is_available() or torch.xpu.is_available()) and sys.modules.setdefault("triton", None) is None:
+        # torch's FLOP counter (which Lightning imports) would say so in every job's log
+        logging.getLogger("torch.utils.flop_counter").addFilter(no_triton_notice)
+
+
+def no_triton_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("triton not found")
 
 
 def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
