@@ -15,8 +15,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +32,8 @@ from omegaconf import OmegaConf
 from conftest import MC_FIXTURE, TINY_MC, pause_process
 from prunebench.api.errors import ConfigError
 from prunebench.tracking import server as tracking_server
+from prunebench.tracking import store
+from prunebench.tracking.sweep import CELL_TAG, record_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "mlflow_server.sh"
@@ -163,6 +167,28 @@ def test_artifacts_round_trip_through_the_proxy(server, swept):
                 assert fetched.read_bytes() == (local / name).read_bytes()
     # the files live on the server's side, where --artifacts-destination put them
     assert list(server.dir.joinpath("artifacts").rglob("metric_vs_sparsity.png"))
+
+
+def test_cells_that_share_a_run_record_it_on_the_parent_at_once(server):
+    """Every pruned cell of a sweep records the dense baseline's run on the sweep's parent run, often
+    in the same moment (CI saw it): of two such writes at once, PostgreSQL refused the second."""
+    writers, keys = 4, 12
+    runs = [SimpleNamespace(data=SimpleNamespace(tags={store.KEY_TAG: f"key{i}"}), info=SimpleNamespace(run_id=f"run{i}"))
+            for i in range(keys)]
+    with signed_in(server.member):
+        client = MlflowClient(server.uri)
+        parent = client.create_run(store.experiment_id(server.uri, "prunebench-cells")).info.run_id
+        start = threading.Barrier(writers)
+
+        def write(run):
+            start.wait(timeout=HANG_GUARD_S)
+            record_cell(server.uri, parent, run)
+
+        with ThreadPoolExecutor(writers) as pool:
+            for run in runs:
+                list(pool.map(write, [run] * writers))
+        tags = client.get_run(parent).data.tags
+    assert {k: v for k, v in tags.items() if k.startswith(CELL_TAG)} == {CELL_TAG + f"key{i}": f"run{i}" for i in range(keys)}
 
 
 def test_the_anonymous_and_a_wrong_password_are_refused(server):
