@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from mlflow.tracking import MlflowClient
 
-from prunebench.tracking.store import KEY_TAG
+from prunebench.tracking.store import KEY_TAG, set_shared_tag
 
 log = logging.getLogger(__name__)
 WORKER_TAG = "prunebench.worker"
@@ -115,7 +115,7 @@ def end_if_gone(client: MlflowClient, run, me: str, stale_s: float) -> str | Non
     if reason:
         log.warning("run %s (%s) was left RUNNING: %s; ending it KILLED", run.info.run_id,
                     run.data.tags.get("mlflow.runName", "?"), reason)
-        client.set_tag(run.info.run_id, "prunebench.error", f"ended KILLED by {me}: {reason}")
+        set_shared_tag(client, run.info.run_id, "prunebench.error", f"ended KILLED by {me}: {reason}")
         client.set_terminated(run.info.run_id, "KILLED")
     return reason
 

@@ -72,6 +72,18 @@ def experiment_id(uri: str, name: str) -> str:
         return found.experiment_id
 
 
+def set_shared_tag(client: MlflowClient, run_id: str, key: str, value: str) -> None:
+    """For a tag that two processes may write at the same moment (a sweep's dense baseline, recorded
+    by each pruned cell; a dead worker's claim, ended by each waiter that finds it). MLflow's SQL
+    store sets a tag by looking for its row and inserting one when none is there, so of two such
+    writes at once the second insert breaks the tags' primary key and is refused (PostgreSQL; SQLite
+    too, its lock taken only at the insert). The row is then committed: written again, it is updated."""
+    try:
+        client.set_tag(run_id, key, value)
+    except MlflowException:
+        client.set_tag(run_id, key, value)
+
+
 def finished_run(uri: str, exp_id: str, key: str):
     runs = MlflowClient(uri).search_runs(
         [exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED'",

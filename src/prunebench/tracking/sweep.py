@@ -47,17 +47,9 @@ DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSl
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
-    """Each cell writes its own tag, so parallel jobs never overwrite each other's. Cells that share
-    a run (the dense baseline every pruned cell needs) write the same tag, and MLflow's SQL store
-    sets a tag by looking for its row and inserting one when none is there: of two such writes at
-    once on PostgreSQL the second insert breaks the tags' primary key and is refused. The row is
-    then committed, so writing again finds it and updates it."""
-    key, value = CELL_TAG + run.data.tags[store.KEY_TAG], run.info.run_id
-    client = MlflowClient(uri)
-    try:
-        client.set_tag(parent_run_id, key, value)
-    except MlflowException:
-        client.set_tag(parent_run_id, key, value)
+    """Each cell writes its own tag, so parallel jobs never overwrite each other's; cells that share a
+    run (the dense baseline every pruned cell needs) write the same one, at times at once."""
+    store.set_shared_tag(MlflowClient(uri), parent_run_id, CELL_TAG + run.data.tags[store.KEY_TAG], run.info.run_id)
 
 
 def cell_run_ids(parent) -> list[str]:
