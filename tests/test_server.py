@@ -177,7 +177,8 @@ def test_cells_that_share_a_run_record_it_on_the_parent_at_once(server):
             for i in range(keys)]
     with signed_in(server.member):
         client = MlflowClient(server.uri)
-        parent = client.create_run(store.experiment_id(server.uri, "prunebench-cells")).info.run_id
+        # the client's own create: store.experiment_id would point this worker's later tests at this server
+        parent = client.create_run(client.create_experiment("prunebench-cells")).info.run_id
         start = threading.Barrier(writers)
 
         def write(run):
