@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY_MC, compose_cfg
+from prunebench.evaluation.batching import budget
+from prunebench.evaluation.registry import evaluation
 from prunebench.job import run
 from prunebench.models import cache
 from prunebench.validate import ConfigError, validate
@@ -138,3 +140,16 @@ def test_a_job_logs_its_memory_peaks(store):
     metrics = run(compose_cfg(TINY_MC + ["pruner=none"]))
     assert metrics["memory/peak_host_gb"] > 0
     assert ("memory/peak_accelerator_gb" in metrics) == torch.cuda.is_available()
+
+
+def test_a_cpu_scores_in_smaller_batches_unless_told_and_generation_keeps_its_budget():
+    cfg = compose_cfg(TINY_MC)
+    assert cfg.eval.batch_tokens is None  # the default: each engine's own
+    (task,) = validate(cfg).values()
+    data, _ = evaluation(task, cache.get_model(cfg.model), None, cfg.eval)
+    assert data.batch_tokens == 2048 and data.batches
+    assert all(len(batch) * data.cost(batch[0]) <= 2048 for batch in data.batches)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    default, told = compose_cfg(TINY_MC).eval, compose_cfg(TINY_MC + ["eval.batch_tokens=512"]).eval
+    assert [budget(default, cpu, True), budget(default, gpu, True), budget(default, cpu, False)] == [2048, 8192, 8192]
+    assert {budget(told, device, scoring) for device in (cpu, gpu) for scoring in (True, False)} == {512}

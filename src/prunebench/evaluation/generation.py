@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
-from prunebench.evaluation.batching import pack, refuse_images
+from prunebench.evaluation.batching import budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode
 from prunebench.evaluation.generate import Generator
 from prunebench.models.loaded import LoadedModel
@@ -153,5 +153,5 @@ class GenerationModule(L.LightningModule):
 
 def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[GenerationDataModule,
                                                                                GenerationModule]:
-    data = GenerationDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos)
+    data = GenerationDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=False), add_bos=options.add_bos)
     return data, GenerationModule(model, task)

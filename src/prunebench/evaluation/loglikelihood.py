@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metric_objects import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
-from prunebench.evaluation.batching import pack, refuse_images
+from prunebench.evaluation.batching import budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
 from prunebench.evaluation.loglik import STEM_MIN, common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
@@ -177,7 +177,7 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
     rows = lm_eval_rows(options)
     if not rows:
         model.check_lm_head()
-    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=options.batch_tokens, add_bos=options.add_bos,
+    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=True), add_bos=options.add_bos,
                                    whole_task=bool(rows))
     data.setup("test")
     metrics = {} if hasattr(task, "corpus_metrics") else task.metric_objects(

@@ -12,6 +12,7 @@ import torchmetrics
 
 from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
+from prunebench.evaluation.batching import budget
 from prunebench.evaluation.head import token_logprobs
 from prunebench.evaluation.windows import TokenWindowDataModule
 from prunebench.models.loaded import LoadedModel
@@ -84,6 +85,6 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[To
     (request,) = task.instances()[0].requests
     caps = [c for c in (request.max_windows, limit) if c]
     data = TokenWindowDataModule(request.text, model.tokenizer, window_length(request.seq_len, model.max_length),
-                                 limit=min(caps) if caps else None, batch_tokens=options.batch_tokens,
+                                 limit=min(caps) if caps else None, batch_tokens=budget(options, model.device, scoring=True),
                                  add_bos=options.add_bos)
     return data, PerplexityModule(model, task)
