@@ -153,5 +153,6 @@ class GenerationModule(L.LightningModule):
 
 def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[GenerationDataModule,
                                                                                GenerationModule]:
-    data = GenerationDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=False), add_bos=options.add_bos)
+    data = GenerationDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=False),
+                                add_bos=options.add_bos)
     return data, GenerationModule(model, task)

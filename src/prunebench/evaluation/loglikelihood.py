@@ -177,7 +177,8 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[Lo
     rows = lm_eval_rows(options)
     if not rows:
         model.check_lm_head()
-    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=True), add_bos=options.add_bos,
+    data = LoglikelihoodDataModule(task, model, limit, batch_tokens=budget(options, model.device, scoring=True),
+                                   add_bos=options.add_bos,
                                    whole_task=bool(rows))
     data.setup("test")
     metrics = {} if hasattr(task, "corpus_metrics") else task.metric_objects(

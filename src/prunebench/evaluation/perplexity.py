@@ -85,6 +85,7 @@ def evaluation(task, model: LoadedModel, limit: int | None, options) -> tuple[To
     (request,) = task.instances()[0].requests
     caps = [c for c in (request.max_windows, limit) if c]
     data = TokenWindowDataModule(request.text, model.tokenizer, window_length(request.seq_len, model.max_length),
-                                 limit=min(caps) if caps else None, batch_tokens=budget(options, model.device, scoring=True),
+                                 limit=min(caps) if caps else None,
+                                 batch_tokens=budget(options, model.device, scoring=True),
                                  add_bos=options.add_bos)
     return data, PerplexityModule(model, task)
