@@ -18,7 +18,7 @@ SCORING_TOKENS = {"cpu": 2048}
 
 def budget(options, device: torch.device, scoring: bool) -> int:
     """The padded positions one batch may run: eval.batch_tokens when set, else the engine's own."""
-    if options.batch_tokens:
+    if options.batch_tokens is not None:
         return options.batch_tokens
     return SCORING_TOKENS.get(device.type, GENERATION_TOKENS) if scoring else GENERATION_TOKENS
 
