@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from prunebench.api.metrics import first_argmax
 from prunebench.paths import CONF_DIR
+from prunebench.evaluation.batching import budget
 from prunebench.evaluation.lm_eval_reference import reference_samples, reference_tasks
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
@@ -134,7 +135,7 @@ def main() -> None:
         setup = {"model": cfg.model.name, "dtype": str(next(loaded.model.parameters()).dtype),
                  "device": str(loaded.device), "overrides": args.overrides,
                  "lm_eval_batch_size": args.lm_eval_batch_size, "noise_batch_size": args.noise_batch_size,
-                 "threads": torch.get_num_threads(), "batch_tokens": cfg.eval.batch_tokens,
+                 "threads": torch.get_num_threads(), "batch_tokens": budget(cfg.eval, loaded.device, scoring=True),
                  "process_s": total_s, "load_average": os.getloadavg()}
         args.out.write_text(json.dumps({"setup": setup, "tasks": rows}, indent=2))
 
