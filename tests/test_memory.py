@@ -150,6 +150,6 @@ def test_a_cpu_scores_in_smaller_batches_unless_told_and_generation_keeps_its_bu
     assert data.batch_tokens == 2048 and data.batches
     assert all(len(batch) * data.cost(batch[0]) <= 2048 for batch in data.batches)
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    default, told = compose_cfg(TINY_MC).eval, compose_cfg(TINY_MC + ["eval.batch_tokens=512"]).eval
-    assert [budget(default, cpu, True), budget(default, gpu, True), budget(default, cpu, False)] == [2048, 8192, 8192]
+    told = compose_cfg(TINY_MC + ["eval.batch_tokens=512"]).eval
+    assert [budget(cfg.eval, cpu, True), budget(cfg.eval, gpu, True), budget(cfg.eval, cpu, False)] == [2048, 8192, 8192]
     assert {budget(told, device, scoring) for device in (cpu, gpu) for scoring in (True, False)} == {512}

@@ -7,12 +7,12 @@ from typing import Sequence
 
 import torch
 
-# eval.batch_tokens=null: each engine's own budget. A generation step reads every weight once for all
-# its rows, so more rows are nearly free and 8192 positions stay the default. A scoring batch
-# (log-likelihoods, perplexity windows) runs each position once; on a CPU 2048 positions score as
-# fast as 8192 (gemma3-270m, ARC-Easy and HellaSwag, fp32 and bf16, docs/cluster.md#memory) and
+# eval.batch_tokens=null: each engine's own budget, DEFAULT_TOKENS unless SCORING_TOKENS names the
+# device. A generation step reads every weight once for all its rows, so more rows are nearly free
+# and it keeps 8192 positions everywhere. A scoring batch (log-likelihoods, perplexity windows) runs
+# each position once; on a CPU 2048 positions score as fast as 8192 (gemma3-270m, ARC-Easy and HellaSwag, fp32 and bf16, docs/cluster.md#memory) and
 # their activations, a dense fp32 job's largest cost beyond its weights and libraries, are a quarter
-GENERATION_TOKENS = 8192
+DEFAULT_TOKENS = 8192
 SCORING_TOKENS = {"cpu": 2048}
 
 
@@ -20,7 +20,7 @@ def budget(options, device: torch.device, scoring: bool) -> int:
     """The padded positions one batch may run: eval.batch_tokens when set, else the engine's own."""
     if options.batch_tokens is not None:
         return options.batch_tokens
-    return SCORING_TOKENS.get(device.type, GENERATION_TOKENS) if scoring else GENERATION_TOKENS
+    return SCORING_TOKENS.get(device.type, DEFAULT_TOKENS) if scoring else DEFAULT_TOKENS
 
 
 def pack(items: list, cost, budget: int) -> list[list]:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
-from prunebench.evaluation.batching import budget, pack, refuse_images
+from prunebench.evaluation.batching import DEFAULT_TOKENS, budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode
 from prunebench.evaluation.generate import Generator
 from prunebench.models.loaded import LoadedModel
@@ -43,7 +43,7 @@ class GenerationDataModule(L.LightningDataModule):
     generation (max_length - max_gen_toks, as HFLM); longest first (lm-eval's order, and the first
     batch shows the peak memory); a batch's rows x (longest prompt + max_gen_toks) fit the budget."""
 
-    def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = 8192,
+    def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = DEFAULT_TOKENS,
                  add_bos: bool | None = None):
         super().__init__()
         if task.max_gen_toks >= model.max_length:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from prunebench.api.metric_objects import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
-from prunebench.evaluation.batching import budget, pack, refuse_images
+from prunebench.evaluation.batching import DEFAULT_TOKENS, budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
 from prunebench.evaluation.loglik import STEM_MIN, common_prefix_len, score_documents
 from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
@@ -61,7 +61,7 @@ class LoglikelihoodDataModule(L.LightningDataModule):
     `whole_task`: one batch of every document, for eval.numerics=lm_eval, whose rows are batched
     across the whole task as lm-eval's are."""
 
-    def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = 8192,
+    def __init__(self, task, model: LoadedModel, limit: int | None = None, batch_tokens: int = DEFAULT_TOKENS,
                  add_bos: bool | None = None, whole_task: bool = False):
         super().__init__()
         self.task, self.tokenizer, self.max_length = task, model.tokenizer, model.max_length

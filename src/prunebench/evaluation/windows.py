@@ -7,6 +7,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from prunebench.evaluation.batching import DEFAULT_TOKENS
 from prunebench.evaluation.encoding import window_prefix
 
 
@@ -24,7 +25,7 @@ def token_windows(ids: list[int], seq_len: int, prefix: list[int]) -> torch.Tens
 class TokenWindowDataModule(L.LightningDataModule):
     """The whole corpus is tokenised once as one stream; batches of whole windows fit `batch_tokens`."""
 
-    def __init__(self, corpus, tokenizer, seq_len: int, limit: int | None = None, batch_tokens: int = 8192,
+    def __init__(self, corpus, tokenizer, seq_len: int, limit: int | None = None, batch_tokens: int = DEFAULT_TOKENS,
                  add_bos: bool | None = None):
         super().__init__()
         self.corpus, self.tokenizer, self.seq_len = corpus, tokenizer, seq_len
