@@ -102,7 +102,8 @@ def test_imports_are_frozen_once_and_a_batch_that_adds_nothing_freezes_nothing(t
         del garbage
         with collector.importing():
             import freshly_made_module  # noqa: F401,F811
-        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        # at most as many: a frozen object another thread frees leaves the permanent generation (CI saw 3)
+        assert gc.isenabled() and gc.get_freeze_count() <= frozen
         gc.collect()
         assert alive() is None
     finally:
