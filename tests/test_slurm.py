@@ -1,6 +1,7 @@
 """Sweeps through SLURM for real: a one-node cluster (scripts/slurm_cluster.sh) runs a grid through
 hydra/launcher=submitit_slurm while jobs are cancelled (scancel) and requeued (scontrol requeue)
-under it; the same sweep rerun then leaves every cell FINISHED exactly once and nothing RUNNING."""
+under it; the same grid rerun through prunebench_slurm (waiting, as without detach) submits only the
+cells left and leaves every cell FINISHED exactly once and nothing RUNNING."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def sweeps():
     """Starts sweeps; kills any still running when the test ends (a failed one leaves them waiting)."""
     started = []
 
-    def start(env: dict) -> subprocess.Popen:
-        started.append(subprocess.Popen([sys.executable, "-m", "prunebench", "-m", *GRID], env=env, text=True,
+    def start(env: dict, launcher: str = "submitit_slurm") -> subprocess.Popen:
+        grid = [f"hydra/launcher={launcher}" if a.startswith("hydra/launcher=") else a for a in GRID]
+        started.append(subprocess.Popen([sys.executable, "-m", "prunebench", "-m", *grid], env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         return started[-1]
 
@@ -161,9 +163,12 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
                 for r in runs if r.info.status == "FINISHED"}
     assert [attempts.get(f"slurm:{job}") for job in hit["requeue"]] == ["2", "2"]
 
-    rerun = sweeps(env)
+    # prunebench's subclass of the plugin's launcher: only the two cancelled cells become array tasks (the
+    # plugin's own would submit all ten, eight of them to start, import and find their run FINISHED)
+    rerun = sweeps(env, "prunebench_slurm")
     out, _ = rerun.communicate(timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, out[-4000:]
+    assert f"submitting 2 of {CELLS} cell(s)" in out, out[-4000:]
     runs = job_runs(store)
     finished = Counter(r.data.tags["prunebench.run_key"] for r in runs if r.info.status == "FINISHED")
     assert len(finished) == CELLS and set(finished.values()) == {1}
