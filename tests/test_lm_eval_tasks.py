@@ -6,6 +6,7 @@ hub schema."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import time
@@ -93,13 +94,22 @@ def run_ours(loaded, task, limit=None, bootstrap=BOOTSTRAP) -> tuple[dict, list[
     return logged, sorted(module.records, key=lambda r: r["doc_id"]), module
 
 
+@functools.cache
+def reference_index():
+    """lm-eval's TaskManager over its own task folders, for the reference side (not the bridge's
+    cached one): its index of some 15 000 YAML files takes 6 s to build and holds no state from a
+    load, so one serves every reference run; each run sets its own document factory."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
 def run_reference(loaded, names: list, data_files: dict | None, num_fewshot=None, limit=None, data_dir=None) -> dict:
     """lm-eval's simple_evaluate with its HFLM on our model, reading the same files."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
-    manager = TaskManager()
+    manager = reference_index()
     manager._factory = local_factory(LocalData(data_dir, data_files, num_fewshot), manager.metadata)
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
     return simple_evaluate(model=lm, tasks=names, task_manager=manager, num_fewshot=num_fewshot, limit=limit,
