@@ -8,16 +8,21 @@ import signal
 import sys
 import threading
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from prunebench import collector
 
-from prunebench.groups import listing
-from prunebench.paths import CONF_DIR
-from prunebench.plan import format_plan, plan
-from prunebench.tracking import server, store
-from prunebench.tracking.sweep import PARENT_ENV, job_state
+# a SLURM, submitit or joblib job imports this module as it unpickles its task function, before any
+# prunebench code runs: the libraries load without collection passes here too (0.5 s less a job)
+with collector.importing():
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig, OmegaConf
+
+    from prunebench.groups import listing
+    from prunebench.paths import CONF_DIR
+    from prunebench.plan import format_plan, plan
+    from prunebench.tracking import server, store
+    from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
 # a bad config is a usage error (argparse's and click's status for one): 2, not a failure's 1
