@@ -11,7 +11,7 @@ import threading
 from prunebench import collector
 
 # a SLURM, submitit or joblib job imports this module as it unpickles its task function, before any
-# prunebench code runs: the libraries load without collection passes here too (0.5 s less a job)
+# prunebench code runs: the libraries load without collection passes here too (0.3-0.5 CPU s less a job)
 with collector.importing():
     import hydra
     from hydra.core.hydra_config import HydraConfig

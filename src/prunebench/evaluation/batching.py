@@ -10,8 +10,9 @@ import torch
 # eval.batch_tokens=null: each engine's own budget, DEFAULT_TOKENS unless SCORING_TOKENS names the
 # device. A generation step reads every weight once for all its rows, so more rows are nearly free
 # and it keeps 8192 positions everywhere. A scoring batch (log-likelihoods, perplexity windows) runs
-# each position once; on a CPU 2048 positions score as fast as 8192 (gemma3-270m, ARC-Easy and HellaSwag, fp32 and bf16, docs/cluster.md#memory) and
-# their activations, a dense fp32 job's largest cost beyond its weights and libraries, are a quarter
+# each position once; on a CPU 2048 positions score as fast as 8192 (gemma3-270m, ARC-Easy and
+# HellaSwag, fp32 and bf16, docs/cluster.md#memory) and their activations, a dense fp32 job's largest
+# cost beyond its weights and libraries, are a quarter
 DEFAULT_TOKENS = 8192
 SCORING_TOKENS = {"cpu": 2048}
 
