@@ -11,6 +11,7 @@ import importlib.util
 import json
 import time
 
+import numpy as np
 import pytest
 from lightning import Trainer
 from omegaconf import OmegaConf
@@ -20,6 +21,7 @@ from prunebench.api.errors import ConfigError
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.tasks.lm_eval_data import LocalData, local_factory
+from prunebench.tracking.stability import STATISTICS
 from prunebench.validate import validate
 
 pytestmark = [pytest.mark.lm_eval,
@@ -166,6 +168,11 @@ def test_bridge_equals_lm_evals_simple_evaluate(loaded, data_files, name, num_fe
     ours, records, module = run_ours(loaded, task)
     out = run_reference(loaded, [name], data_files, num_fewshot)
     assert_same(ours, records, module, task, out)
+    # stability's bootstrap resamples these per-document values: over every document, its statistic
+    # is the logged number itself (wikitext's word perplexity pools words, as lm-eval's aggregation)
+    statistic, values = task.document_values(records)
+    assert values and STATISTICS[statistic](np.array([list(values.values())]))[0] == pytest.approx(
+        ours[f"{task.name}/{task.primary}"], rel=1e-6)  # the logged number passed through float32
     if name == "lambada_openai":  # a document has an acc; its perplexity item is a log-likelihood
         assert records[0]["acc"] in (0, 1) and set(records[0]["items"]) == {"perplexity"}
 

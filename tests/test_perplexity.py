@@ -95,6 +95,14 @@ def test_sweep_logs_ppl_and_stability_and_scores_once_for_all_ratios(store, tmp_
     pruned = df[df["tags.prunebench.pruner"] == "wanda"]
     assert list(pruned["tags.prunebench.score_cache"]) == ["miss", "hit"]
     assert second["sparsity/actual"] == pytest.approx(0.6, abs=0.01)
+    # the interval is of the same ratio (dense / pruned, pooled tokens), so it holds its point; it
+    # once held pruned / dense x 100 and the sweep's report then failed on negative error bars
+    for metrics in (first, second):
+        assert metrics["stability/wikitext2_ppl_ci_low"] <= metrics["stability/wikitext2_ppl"] \
+            <= metrics["stability/wikitext2_ppl_ci_high"]
+    from prunebench.report.build import write_report
+
+    assert (write_report("prunebench", None, tmp_path / "report") / "stability_vs_sparsity.png").exists()
 
 
 @pytest.mark.real_model

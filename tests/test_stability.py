@@ -61,3 +61,63 @@ def test_a_task_without_per_document_values_has_no_interval_and_no_average_inter
     docs = {"a": {0: 1.0, 1: 0.0}}
     bounds = paired_bootstrap(docs, docs, ["a", "mcc_task"])
     assert set(bounds) == {"stability/a_ci_low", "stability/a_ci_high"}
+
+
+def test_a_lower_is_better_interval_is_of_dense_over_pruned_and_holds_the_point():
+    """Perplexity pools its windows' tokens (exp of summed NLL over summed tokens); its interval is
+    of dense / pruned x 100, the direction of the logged stability."""
+    from prunebench.tracking.stability import paired_bootstrap, stability
+
+    windows = range(60)
+    dense = {"ppl": {w: (2.0 * (1 + w % 3), 10 + w % 7) for w in windows}}
+    pruned = {"ppl": {w: (nll * 1.3 + 0.1 * (w % 5), n) for w, (nll, n) in dense["ppl"].items()}}
+
+    def corpus(values):
+        return math.exp(sum(v[0] for v in values.values()) / sum(v[1] for v in values.values()))
+
+    point = stability({"ppl": corpus(pruned["ppl"])}, {"ppl": corpus(dense["ppl"])}, frozenset({"ppl"}))[0]
+    bounds = paired_bootstrap(pruned, dense, ["ppl"], frozenset({"ppl"}), {"ppl": "weighted_perplexity"})
+    assert point["stability/ppl"] < 100
+    assert bounds["stability/ppl_ci_low"] <= point["stability/ppl"] <= bounds["stability/ppl_ci_high"] < 100
+    # a lower-is-better mean (an lm-eval metric whose higher_is_better is false) turns the same way
+    errors = {"e": {i: 0.2 + 0.1 * (i % 3) for i in range(50)}}
+    worse = {"e": {i: v * 1.5 + 0.05 * (i % 4) for i, v in errors["e"].items()}}
+    mean_point = stability({"e": sum(worse["e"].values()) / 50}, {"e": sum(errors["e"].values()) / 50},
+                           frozenset({"e"}))[0]["stability/e"]
+    mean_bounds = paired_bootstrap(worse, errors, ["e"], frozenset({"e"}))
+    assert mean_bounds["stability/e_ci_low"] <= mean_point <= mean_bounds["stability/e_ci_high"] < 100
+
+
+@pytest.mark.lm_eval
+def test_statistics_equal_lm_evals_own_aggregations():
+    """The resampled statistic of each lm-eval aggregation a lower-is-better metric uses is lm-eval's
+    own function of the same items (log-likelihood items become NLL in document_values)."""
+    metrics = pytest.importorskip("lm_eval.api.metrics")
+    import numpy as np
+
+    from prunebench.tracking.stability import STATISTICS
+
+    items = [(-3.5, 4), (-10.25, 9), (-0.75, 2), (-6.0, 5)]
+    pairs = np.array([[(-ll, n) for ll, n in items]])
+    for name in ("weighted_perplexity", "bits_per_byte"):
+        assert STATISTICS[name](pairs)[0] == pytest.approx(getattr(metrics, name)(items), rel=1e-12)
+    lls = [ll for ll, _ in items]
+    assert STATISTICS["perplexity"](np.array([[-ll for ll in lls]]))[0] == pytest.approx(metrics.perplexity(lls), rel=1e-12)
+
+
+def test_a_plot_whose_interval_misses_its_point_leaves_the_bar_off_and_still_builds(caplog):
+    """A run logged before the fix carries an interval of the other ratio: the report still builds,
+    without that bar, and names the run."""
+    import pandas as pd
+
+    from prunebench.report import plots
+
+    table = pd.DataFrame({"model": ["m", "m"], "pruner": ["none", "heads_random"], "sparsity": [0.0, 0.3],
+                          "run_id": ["d", "p"], "stability/avg": [100.0, 12.85],
+                          "stability/avg_ci_low": [100.0, 668.8], "stability/avg_ci_high": [100.0, 906.2]})
+    with caplog.at_level("WARNING"):
+        fig = plots.stability_vs_sparsity(table)
+    (ax,) = fig.axes
+    lower, upper = ax.containers[0].lines[2][0].get_segments()[1][:, 1]
+    assert lower == upper == 12.85  # no bar drawn for the wrong interval
+    assert "does not hold its value 12.85 (run p" in caplog.text

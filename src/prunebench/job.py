@@ -214,8 +214,12 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
             values, excluded = stability(primary, dense_primary, lower)
             metrics.update(values)
             dense_documents = documents if dense else {
-                name: per_document(read_records(dense_run.info.run_id, name), scored[name].primary) for name in primary}
-            metrics.update(paired_bootstrap(documents, dense_documents, [n for n in primary if n not in excluded]))
+                name: per_document(read_records(dense_run.info.run_id, name), scored[name]) for name in primary}
+            metrics.update(paired_bootstrap(
+                {n: values for n, (_, values) in documents.items()},
+                {n: values for n, (_, values) in dense_documents.items()},
+                [n for n in primary if n not in excluded], lower,
+                {n: statistic for n, (statistic, _) in documents.items()}))
             # which tasks the stability average is over, and why any other task has no stability
             mlflow.set_tags({"prunebench.stability_tasks": json.dumps([n for n in primary if n not in excluded]),
                              "prunebench.stability_excluded": json.dumps(excluded)})
@@ -259,12 +263,17 @@ def ensure_dense(cfg: DictConfig, overrides, parent_run_id: str | None, uri: str
     return None
 
 
-def per_document(records: list[dict], metric: str) -> dict:
-    """{doc_id: the document's value of `metric`}, or {} when the metric is a corpus-level one (MCC,
-    perplexity: no document has a value of it)."""
+def per_document(records: list[dict], task) -> tuple[str, dict]:
+    """(how a resample of documents becomes the task's number, a name in stability.STATISTICS;
+    {doc_id: the document's value of the primary metric}). A task whose number is not a mean of
+    per-document values says how its documents combine (`document_values`: perplexity pools its
+    windows' NLL and tokens); a corpus-level metric no document has a value of (MCC) gives {}."""
+    if hasattr(task, "document_values"):
+        return task.document_values(records)
+    metric = task.primary
     if not records or not isinstance(records[0].get(metric), (int, float)):
-        return {}
-    return {r.get("doc_id", i): float(r[metric]) for i, r in enumerate(records)}
+        return "mean", {}
+    return "mean", {r.get("doc_id", i): float(r[metric]) for i, r in enumerate(records)}
 
 
 def read_records(run_id: str, task: str) -> list[dict]:
@@ -372,7 +381,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         task_metrics.update(pruner.task_metrics(name))
         task_metrics[f"{name}/n_docs"] = float(len(records))  # how many documents its numbers rest on
         if task.metrics:
-            documents[name] = per_document(records, task.primary)
+            documents[name] = per_document(records, task)
         mlflow.log_metrics(task_metrics)  # now, so a job that dies on a later task keeps this one's
         metrics.update(task_metrics)
         logged.update(task_metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import textwrap
 
@@ -12,6 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from prunebench.report.table import DIFFERS, SETTING, task_columns as task_columns_of  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 def _settings(table: pd.DataFrame):
@@ -69,6 +72,21 @@ def _errors(points: pd.DataFrame, column: str):
     return points[stderr].fillna(0).tolist() if stderr in points else None
 
 
+def interval_errors(points: pd.DataFrame, column: str) -> list[list[float]]:
+    """Error bars (below, above) from `<column>_ci_low` / `_ci_high`. An interval that does not
+    hold its point (a run logged before perplexity's interval followed its ratio's direction) is
+    a wrong number: its bar is left off and the run named in the log, and the report still builds."""
+    nan = pd.Series(float("nan"), points.index)
+    low, high = (points.get(f"{column}_ci_{side}", nan) for side in ("low", "high"))
+    below, above = points[column] - low, high - points[column]
+    wrong = (below < 0) | (above < 0)
+    for _, row in points[wrong].iterrows():
+        log.warning("%s interval [%.4g, %.4g] does not hold its value %.4g (run %s, %s at %s): no error bar drawn",
+                    column, row[f"{column}_ci_low"], row[f"{column}_ci_high"], row[column], row.get("run_id", "?"),
+                    row.get("pruner", "?"), row.get("sparsity", "?"))
+    return [below.where(~wrong).fillna(0).tolist(), above.where(~wrong).fillna(0).tolist()]
+
+
 def metric_vs_sparsity(table: pd.DataFrame, task_columns: list[str],
                        chance: dict[tuple[str, str], float] | None = None):
     """One row of panels per setting, one panel per task it evaluated; `chance`: {(setting, task): level}."""
@@ -95,11 +113,8 @@ def stability_vs_sparsity(table: pd.DataFrame, chance: dict[tuple[str, str], flo
     for (heading, rows), (ax,) in zip(sections, axes):
         lines = []
         for label, points in _series(rows, "stability/avg"):
-            bounds = [points.get(f"stability/avg_ci_{side}", pd.Series(float("nan"), points.index)) for side in
-                      ("low", "high")]
-            yerr = [(points["stability/avg"] - bounds[0]).fillna(0).tolist(),
-                    (bounds[1] - points["stability/avg"]).fillna(0).tolist()]
-            lines.append((label, points.sparsity.tolist(), points["stability/avg"].tolist(), yerr))
+            lines.append((label, points.sparsity.tolist(), points["stability/avg"].tolist(),
+                          interval_errors(points, "stability/avg")))
         dense = rows[rows.pruner == "none"]
         levels = [100 * (chance or {})[heading, column.split("/")[0]] / dense[column].iloc[0]
                   for column in task_columns_of(rows) if (heading, column.split("/")[0]) in (chance or {})

@@ -249,6 +249,24 @@ class LmEvalTask:
                     (record if metric in means else record["items"])[ours] = _plain(values[metric])
         return record
 
+    def document_values(self, records: list[dict]) -> tuple[str, dict]:
+        """The primary metric per document, with lm-eval's aggregation of it: a mean's values as they
+        are; a perplexity's or bits per byte's log-likelihood items as NLL (and their word or byte
+        count), which a resample pools as lm-eval does. A group's number, or another aggregation
+        (F1, MCC, BLEU), gives no per-document values."""
+        if self.lm_eval_name in self.groups or not records:
+            return "mean", {}
+        leaf = next(iter(self.leaves))
+        metric, _ = self.leaf_metrics(leaf)[self.primary]
+        aggregation = getattr(self.leaves[leaf].aggregation().get(metric), "__name__", "")
+        if aggregation == "mean":
+            return "mean", {r["doc_id"]: float(r[self.primary]) for r in records}
+        if aggregation in ("weighted_perplexity", "bits_per_byte"):
+            return aggregation, {r["doc_id"]: (-r["items"][self.primary][0], r["items"][self.primary][1]) for r in records}
+        if aggregation == "perplexity":
+            return aggregation, {r["doc_id"]: -r["items"][self.primary] for r in records}
+        return "mean", {}
+
     @staticmethod
     def _lm_eval_response(kind: str, response):
         if kind == "loglikelihood":

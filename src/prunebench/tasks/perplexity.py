@@ -46,3 +46,8 @@ class PerplexityTask:
     def process_results(self, window: Document, responses: list[tuple[float, int]]) -> dict:
         ((nll, tokens),) = responses
         return {"window": window.doc_id, "tokens": tokens, "nll": nll, "ppl": math.exp(nll / tokens)}
+
+    def document_values(self, records: list[dict]) -> tuple[str, dict]:
+        """Each window's (NLL, tokens): a resample's perplexity pools its windows' tokens as the
+        metric does (a mean of per-window perplexities is another, larger number)."""
+        return "weighted_perplexity", {r["window"]: (r["nll"], r["tokens"]) for r in records}

@@ -16,6 +16,17 @@ import numpy as np
 
 from prunebench.api.metrics import BOOTSTRAP_ITERS
 
+# how a draw of documents (draws x documents, with a trailing (nll, count) axis for the summed
+# ratios) becomes the task's number, named as lm-eval names its aggregations: a mean of per-document
+# values; perplexity over the pooled tokens (ours, and lm-eval's weighted_perplexity); exp of the
+# mean NLL (lm-eval's `perplexity`, LAMBADA's); bits per byte over the pooled bytes
+STATISTICS = {
+    "mean": lambda v: v.mean(axis=1),
+    "weighted_perplexity": lambda v: np.exp(v[..., 0].sum(axis=1) / v[..., 1].sum(axis=1)),
+    "perplexity": lambda v: np.exp(v.mean(axis=1)),
+    "bits_per_byte": lambda v: v[..., 0].sum(axis=1) / v[..., 1].sum(axis=1) / math.log(2),
+}
+
 # metrics here live in [0, 1] or [-1, 1]; a dense value under 0.05 is within noise of chance for
 # the signed ones (MCC's standard error on CoLA's 1043 dev sentences is ~0.03) and near zero for the rest
 DEFINED_ABOVE = 0.05
@@ -53,17 +64,24 @@ def stability(pruned: dict[str, float], dense: dict[str, float], lower_is_better
     return out, excluded
 
 
-def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: list[str], draws: int = BOOTSTRAP_ITERS,
-                     level: float = 0.95, seed: int = 1234) -> dict[str, float]:
+def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: list[str],
+                     lower_is_better: frozenset[str] = frozenset(), statistics: dict[str, str] | None = None,
+                     draws: int = BOOTSTRAP_ITERS, level: float = 0.95, seed: int = 1234) -> dict[str, float]:
     """`stability/<task>_ci_low` / `_ci_high` (and `stability/avg_ci_*` when every task of the
-    average has one): the percentile interval of pruned / dense x 100 over resamples of the
+    average has one): the percentile interval of the stability ratio over resamples of the
     documents, each document drawn with its pruned and its dense value together (paired: the two
     models answered the same questions, so their errors are not independent and the interval is
-    far narrower than two separate standard errors would suggest). `pruned` / `dense`: {task:
-    {doc_id: per-document value of the task's metric}}; a task whose metric has no per-document
-    values (MCC, perplexity) is not among them and gets no interval. Tasks are resampled
-    independently; the average's interval averages each draw's ratios. A draw whose dense mean is 0
-    has no ratio and is left out of the percentiles. A fixed seed: a rerun logs the same bounds."""
+    far narrower than two separate standard errors would suggest).
+
+    Each draw computes the task's own number from the drawn documents (`statistics[task]`, a name
+    in STATISTICS, "mean" by default: perplexity is exp of the summed NLL over the summed tokens,
+    not a mean of per-window perplexities) and the ratio the point estimate uses: pruned / dense x
+    100, or dense / pruned x 100 for a task in `lower_is_better`, so the interval brackets the
+    logged stability. `pruned` / `dense`: {task: {doc_id: the document's value}}, a float for a
+    mean, an (nll, count) pair for a summed ratio; a task whose metric has no per-document values
+    (MCC) is not among them and gets no interval. Tasks are resampled independently; the average's
+    interval averages each draw's ratios. A draw whose denominator is not positive has no ratio
+    and is left out of the percentiles. A fixed seed: a rerun logs the same bounds."""
     rng = np.random.default_rng(seed)
     tail = 100 * (1 - level) / 2
     out, draws_per_task = {}, []
@@ -74,9 +92,12 @@ def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: lis
         p = np.array([pruned[task][d] for d in docs], dtype=float)
         d = np.array([dense[task][d] for d in docs], dtype=float)
         index = rng.integers(0, len(docs), (draws, len(docs)))
-        base = d[index].mean(axis=1)
+        statistic = STATISTICS[(statistics or {}).get(task, "mean")]
+        num, den = statistic(p[index]), statistic(d[index])
+        if task in lower_is_better:
+            num, den = den, num
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.where(base > 0, 100 * p[index].mean(axis=1) / base, np.nan)
+            ratios = np.where(den > 0, 100 * num / den, np.nan)
         draws_per_task.append(ratios)
         out[f"stability/{task}_ci_low"], out[f"stability/{task}_ci_high"] = map(
             float, np.nanpercentile(ratios, [tail, 100 - tail]))
