@@ -133,3 +133,26 @@ def test_default_windows_are_the_papers_2048_tokens_capped_at_the_context(task):
 
     ppl = instantiate(compose_cfg(["model=gemma3-270m", f"task={task}"]).task.tasks[task], _convert_="all")
     assert window_length(ppl.seq_len, 32768) == 2048 and window_length(ppl.seq_len, 512) == 512
+
+
+def test_a_suite_of_perplexity_and_accuracy_averages_the_accuracies_only(store, tmp_path, monkeypatch):
+    """exp(NLL) and a fraction have no mean: avg/score is the accuracies', with its standard error,
+    and a tag names the tasks it averages."""
+    from omegaconf import open_dict
+
+    from conftest import TINY_MC
+
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "wikitext2").mkdir()
+    (tmp_path / "wikitext2" / "wiki.test.raw").write_text(ARTICLE * 10)
+    cfg = compose_cfg(["model=tiny-llama", "task=wikitext2_ppl", f"++data_dir={tmp_path}", "pruner=none",
+                       "task.tasks.wikitext2_ppl.seq_len=32", "trainer.enable_progress_bar=false"])
+    with open_dict(cfg):
+        cfg.task.tasks.local_mc = compose_cfg(TINY_MC).task.tasks.local_mc
+    metrics = run(cfg)
+    assert metrics["wikitext2_ppl/ppl"] > 1
+    assert metrics["avg/score"] == metrics["local_mc/acc_norm"]
+    assert metrics["avg/score_stderr"] == pytest.approx(metrics["local_mc/acc_norm_stderr"])
+    mlflow.set_tracking_uri(store)
+    (tag,) = mlflow.search_runs(experiment_names=["prunebench"])["tags.prunebench.avg_tasks"]
+    assert tag == '["local_mc"]'

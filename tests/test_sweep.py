@@ -117,8 +117,9 @@ def test_report_figures_have_one_panel_per_task_and_one_line_per_pruner():
     assert len(fig.axes) == 2
     assert [len(ax.containers) for ax in fig.axes] == [2, 2]  # an error-bar line per pruner
     assert list(fig.axes[0].containers[0].lines[0].get_xdata()) == [0.0, 0.3, 0.5]  # each starts at the dense point
-    assert plots.pareto_front([(1.0, 0.7), (0.8, 0.6), (0.6, 0.45), (0.9, 0.65), (0.7, 0.55), (0.95, 0.5)]) == [
-        (0.6, 0.45), (0.7, 0.55), (0.8, 0.6), (0.9, 0.65), (1.0, 0.7)]
+    # (speedup, quality): (1.1, 0.5) is beaten by (1.2, 0.6) on both, (1.5, 0.4) by (1.6, 0.45)
+    assert plots.pareto_front([(1.0, 0.7), (1.2, 0.6), (1.1, 0.5), (1.6, 0.45), (1.5, 0.4), (1.3, 0.65)]) == [
+        (1.0, 0.7), (1.3, 0.65), (1.6, 0.45)]
 
 
 def test_sweep_report_averages_a_suite_evaluated_task_by_task(store, glue_dir):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -198,8 +199,15 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         scored = {name: task for name, task in tasks.items() if task.metrics and name not in withheld}
         primary = {name: metrics[f"{name}/{task.primary}"] for name, task in scored.items()}
         mlflow.set_tag("prunebench.avg_metrics", json.dumps({n: t.primary for n, t in scored.items()}))
-        if primary:
-            metrics["avg/score"] = sum(primary.values()) / len(primary)
+        # a perplexity and an accuracy have no mean: where both ran, the average is the accuracies'
+        averaged = [n for n in primary if not scored[n].lower_is_better] or list(primary)
+        if averaged:
+            metrics["avg/score"] = sum(primary[n] for n in averaged) / len(averaged)
+            errors = [metrics.get(f"{n}/{scored[n].primary}_stderr", math.nan) for n in averaged]
+            if not any(math.isnan(e) for e in errors):  # the tasks' documents are independent samples
+                metrics["avg/score_stderr"] = math.sqrt(sum(e * e for e in errors)) / len(errors)
+            if len(averaged) < len(primary):
+                mlflow.set_tag("prunebench.avg_tasks", json.dumps(averaged))
         lower = frozenset(n for n, t in scored.items() if t.lower_is_better)
         dense_primary = primary
         if not dense:

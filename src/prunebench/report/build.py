@@ -10,6 +10,7 @@ import mlflow
 import pandas as pd
 
 from prunebench.report import plots
+from prunebench.report.front import speed_front_section
 from prunebench.report.predictions import chance_levels
 from prunebench.report.suites import suite_tables
 from prunebench.report.table import (CSV_FLOATS, SETTING, documents, failed_jobs, load_runs, results_table,
@@ -46,7 +47,8 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
         summary.to_csv(out / f"suite_{suite}.csv", index=False, float_format=CSV_FLOATS)
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
-    sections += failures
+    front_md, front = speed_front_section(table)
+    sections += [front_md, *failures] if front_md else failures
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
     table.to_csv(out / "results.csv", index=False, float_format=CSV_FLOATS)
     dense = table[table.pruner == "none"]
@@ -63,8 +65,8 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
                 complete, [c for c in ("avg/score", "stability/avg") if c in complete])
     if "stability/avg" in table:
         figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table, levels)
-    if "latency/median_s" in table:
-        figures["latency_vs_quality.png"] = plots.latency_vs_quality(table)
+    if front is not None:
+        figures["speed_front.png"] = front
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=110)
         plt.close(fig)

@@ -26,12 +26,13 @@ import pandas as pd
 from hydra.utils import get_class
 from scipy.stats import binomtest
 
+from prunebench.report.front import speed_front_section
 from prunebench.report.plots import grid, panel
 from prunebench.report.predictions import Predictions, chance_levels
 from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
 from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
-                                     to_markdown, withheld_note)
+                                     results_table, to_markdown, withheld_note)
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
@@ -302,6 +303,8 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
     if not compared.empty:
         shown_compared = compared if several else compared.drop(columns=SETTING)
         sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(shown_compared))
+    # the flat report beside it drew speed_front.png from the same runs
+    sections += filter(None, [speed_front_section(results_table(runs))[0]])
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")
     if table.empty:  # every task's number withheld (withheld_note): nothing to plot
         return sections

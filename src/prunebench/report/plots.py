@@ -1,7 +1,8 @@
-"""Plots of a results table: quality vs sparsity, stability vs sparsity, latency vs quality."""
+"""Plots of a results table: quality vs sparsity, stability vs sparsity, quality vs measured speedup."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import textwrap
@@ -125,24 +126,41 @@ def stability_vs_sparsity(table: pd.DataFrame, chance: dict[tuple[str, str], flo
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Points no other point beats on both lower latency and higher quality."""
+    """The points no other point beats on both speedup and quality (ties kept once), fastest last."""
     front, best = [], float("-inf")
-    for latency, quality in sorted(points, key=lambda p: (p[0], -p[1])):
+    for speedup, quality in sorted(points, key=lambda p: (-p[0], -p[1])):
         if quality > best:
-            front.append((latency, quality))
+            front.append((speedup, quality))
             best = quality
-    return front
+    return front[::-1]
 
 
-def latency_vs_quality(table: pd.DataFrame):
-    rows = table.dropna(subset=["latency/median_s", "avg/score"])
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for pruner, group in rows.groupby("pruner"):
-        ax.scatter(group["latency/median_s"], group["avg/score"], label=pruner)
-    front = pareto_front(list(zip(rows["latency/median_s"], rows["avg/score"])))
-    ax.plot([p[0] for p in front], [p[1] for p in front], color="black", lw=1, ls="--", label="Pareto front")
-    ax.set(title="latency vs quality", xlabel="latency/median_s", ylabel="avg/score")
-    ax.grid(alpha=0.3)
-    ax.legend()
+def speed_front(table: pd.DataFrame, quality: str = "avg/score"):
+    """Quality against measured speed, one panel per setting (runs of two models, task sets or
+    dtypes never share one): each run a point at its measured speedup over the dense run
+    (`latency/speedup`), `quality` with its standard-error bar, a marker per pruner, the dense point
+    and the Pareto front. Returns the figure (None when no run was timed) and the runs that have a
+    quality but no latency, named by the caller under the plot, never dropped without a word."""
+    has_quality = table.dropna(subset=[quality])
+    untimed = has_quality[has_quality.get("latency/speedup", pd.Series(float("nan"), has_quality.index)).isna()]
+    timed = has_quality.drop(untimed.index)
+    if timed.empty:
+        return None, untimed
+    sections = list(_settings(timed))
+    fig, axes = grid([(heading, [f"{quality} vs measured speedup"]) for heading, _ in sections])
+    markers = dict(zip(sorted(timed.pruner.unique()), itertools.cycle("o^sDvP*Xh<>")))
+    stderr = f"{quality}_stderr"
+    for (_, rows), (ax,) in zip(sections, axes):
+        for pruner, group in rows.groupby("pruner", sort=True):
+            errors = group[stderr].fillna(0).tolist() if stderr in group else None
+            ax.errorbar(group["latency/speedup"], group[quality], yerr=errors, ls="none",
+                        marker="*" if pruner == "none" else markers[pruner], ms=11 if pruner == "none" else 6,
+                        color="black" if pruner == "none" else None, capsize=3,
+                        label="dense" if pruner == "none" else pruner)
+        front = pareto_front(list(zip(rows["latency/speedup"], rows[quality])))
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=1, ls="--", label="Pareto front")
+        ax.set(xlabel="speedup over dense (measured)", ylabel=quality)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    return fig
+    return fig, untimed

@@ -29,6 +29,8 @@ DETAIL_SUFFIXES = ("_stderr", "/n_docs", "_ci_low", "_ci_high")
 # run ids per search of the earlier runs a sweep reused
 BATCH = 100
 TRAILING = ["avg/score", "stability/avg", "sparsity/actual", "latency/median_s", "latency/speedup"]
+# the uncertainty of the trailing numbers, for the CSV and the plots
+INTERVALS = ["avg/score_stderr", "stability/avg_ci_low", "stability/avg_ci_high"]
 
 
 def load_runs(experiment: str, sweep_run_id: str | None = None) -> pd.DataFrame:
@@ -92,11 +94,10 @@ def results_table(runs: pd.DataFrame) -> pd.DataFrame:
             for detail in (f"{col}_stderr", f"{task}/n_docs"):
                 row[detail] = run.get(f"metrics.{detail}")
                 details += [detail] if detail not in details else []
-        for col in [*TRAILING, "stability/avg_ci_low", "stability/avg_ci_high"]:
+        for col in [*TRAILING, *INTERVALS]:
             row[col] = run.get(f"metrics.{col}")
         rows.append({**row, "run_id": run["run_id"]})
-    table = pd.DataFrame(rows, columns=[SETTING, *ID_COLUMNS, *task_cols, *TRAILING, *details,
-                                        "stability/avg_ci_low", "stability/avg_ci_high", "run_id"])
+    table = pd.DataFrame(rows, columns=[SETTING, *ID_COLUMNS, *task_cols, *TRAILING, *details, *INTERVALS, "run_id"])
     for col in table.columns[len(ID_COLUMNS) + 1:-1]:
         table[col] = table[col].map(readable)
     differs = differences(runs)
