@@ -18,6 +18,12 @@ def report() -> int:
     return main()
 
 
+def compare() -> int:
+    with collector.importing():
+        from prunebench.report.compare import main
+    return main()
+
+
 def plan() -> int:
     with collector.importing():
         from prunebench.plan import main

@@ -21,9 +21,10 @@ LAYOUTS = ("flat", "paper")
 
 
 def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: list[str] | None = None,
-                 layout: str = "flat") -> Path:
+                 layout: str = "flat", max_drop: float = 1.0, correction: str = "holm") -> Path:
     """`suites`: the suites to average across single-task runs (None: each with runs of two of its tasks).
-    `layout="paper"` adds the paper's table, flips and comparisons (report/paper.py) to the flat report.
+    `layout="paper"` adds the paper's table, flips, comparisons and verdicts against the dense run within
+    `max_drop` points, p adjusted by `correction` (report/paper.py, verdicts.py) to the flat report.
     One table per setting (report/settings.py), headed by it and by each task's documents."""
     runs = load_runs(experiment, sweep_run_id)
     failed = failed_jobs(experiment, sweep_run_id, runs)
@@ -73,7 +74,7 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     if layout == "paper":
         from prunebench.report.paper import write_paper
 
-        write_paper(runs, out)
+        write_paper(runs, out, max_drop, correction)
     return out
 
 

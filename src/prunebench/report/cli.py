@@ -10,6 +10,7 @@ from pathlib import Path
 import mlflow
 
 from prunebench.report.build import LAYOUTS, latest_sweep, write_report
+from prunebench.report.verdicts import CORRECTIONS
 from prunebench.tracking.store import tracking_uri
 
 
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="paper: also the paper's table (rows pruner config x ratio, mean +- std over seeds, "
                              "stability; paper.md/.csv/.tex), flips and McNemar tests against the dense run and "
                              "between rows (flips.csv, comparisons.csv) and paper.png")
+    parser.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
+                        help="paper layout: the tolerance of the verdicts against the dense run (default 1.0 point)")
+    parser.add_argument("--correction", choices=CORRECTIONS, default="holm",
+                        help="paper layout: how the verdicts' p-values are adjusted across the report (default holm)")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
     # one bar per downloaded predictions file would bury the table the paper layout prints
@@ -41,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sweep = None if args.all else latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
     try:
-        out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout)
+        out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout, args.max_drop,
+                           args.correction)
     except ValueError as err:
         print(f"prunebench-report: {err}", file=sys.stderr)
         return 2

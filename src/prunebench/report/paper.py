@@ -24,7 +24,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 from hydra.utils import get_class
-from scipy.stats import binomtest
 
 from prunebench.report.front import speed_front_section
 from prunebench.report.plots import grid, panel
@@ -33,6 +32,7 @@ from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
 from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
                                      results_table, to_markdown, withheld_note)
+from prunebench.report.verdicts import COLUMNS, compare, mcnemar, overall, paired, with_adjusted
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
@@ -164,6 +164,8 @@ def printed(table: pd.DataFrame) -> pd.DataFrame:
     out["avg stab."] = [cell(v) for v in table["avg/stability"]]
     if (table.tasks != table.tasks.iloc[0]).any():
         out["tasks"] = table.tasks
+    if "verdict" in table:
+        out["verdict"] = table.verdict
     return out
 
 
@@ -183,20 +185,6 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
              " & ".join(tex(c) for c in table.columns) + " \\\\", "\\midrule"]
     lines += [" & ".join(tex(v) for v in row) + " \\\\" for row in table.itertuples(index=False)]
     return "\n".join([*lines, "\\bottomrule", "\\end{tabular}", ""])
-
-
-def mcnemar(a: list[float], b: list[float]) -> tuple[int, int, float]:
-    """(a right and b wrong, a wrong and b right, exact two-sided McNemar p): the binomial test of
-    the discordant pairs, exact at any count (the chi-square form is not, below a few dozen)."""
-    only_a = sum(x > 0.5 >= y for x, y in zip(a, b))
-    only_b = sum(y > 0.5 >= x for x, y in zip(a, b))
-    n = only_a + only_b
-    return only_a, only_b, (binomtest(only_a, n, 0.5).pvalue if n else 1.0)
-
-
-def paired(first: dict, second: dict) -> tuple[list[float], list[float]]:
-    docs = sorted(set(first) & set(second))
-    return [first[d] for d in docs], [second[d] for d in docs]
 
 
 def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
@@ -257,6 +245,31 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
     return table.sort_values([SETTING, "model", "ratio", "task", "a", "b"]).reset_index(drop=True)
 
 
+def dense_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: float = 1.0,
+                   correction: str = "holm") -> pd.DataFrame:
+    """Every pruned run x task of a `paper.task_results` against the dense run of its setting; tasks
+    without per-document values (perplexity, MCC) are left out, as from the flips."""
+    named = labels(results)
+    dense = results[results.pruner == "none"]
+    rows = []
+    for _, r in results[results.pruner != "none"].iterrows():
+        base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
+        if base.empty:
+            continue
+        pruned = predictions.correct(r.run_id, r.task, r.metric)
+        reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
+        if pruned is None or reference is None:
+            continue
+        ref, new = paired(reference[1], pruned[1])
+        factor = scale(pd.Series(ref + new))
+        rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
+                     "seed": r.seed, "task": r.task, "metric": pruned[0], **compare(ref, new, factor, max_drop),
+                     "run_id": r.run_id})
+    table = with_adjusted(rows, correction)
+    return table if not table.empty else pd.DataFrame(columns=[SETTING, "model", "pruner", "ratio", "seed", *COLUMNS,
+                                                                "run_id"])
+
+
 def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
     """One row of panels per setting, each task's metric against the ratio, one line per row config,
     with standard-error bars (the run's own standard error, or the seeds' std / sqrt(seeds)), the
@@ -277,16 +290,24 @@ def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
     return fig
 
 
-def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
-    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, paper.png; returns the Markdown
-    sections: one table per setting, headed by it and by how many documents each task rests on."""
+def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction: str = "holm") -> list[str]:
+    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, verdicts.csv, paper.png; returns the
+    Markdown sections: one table per setting, headed by it and by how many documents each task rests
+    on, each row with its verdict against the dense run (report/verdicts.py)."""
     results = task_results(runs)
     table = paper_table(results)
     predictions = Predictions()
     flipped, compared = flips(results, predictions), comparisons(results, predictions)
+    judged = dense_verdicts(results, predictions, max_drop, correction)
+    if not judged.empty:
+        by_run = judged.groupby("run_id").verdict.apply(list).to_dict()
+        runs_of = results.groupby(ROW_KEYS, sort=False).run_id.apply(lambda ids: list(dict.fromkeys(ids))).to_dict()
+        table["verdict"] = [overall([v for run in runs_of[tuple(row[k] for k in ROW_KEYS)] for v in by_run.get(run, [])])
+                            for _, row in table.iterrows()]
     table.to_csv(out / "paper.csv", index=False, float_format=CSV_FLOATS)
     flipped.to_csv(out / "flips.csv", index=False, float_format=CSV_FLOATS)
     compared.to_csv(out / "comparisons.csv", index=False, float_format=CSV_FLOATS)
+    judged.to_csv(out / "verdicts.csv", index=False, float_format=CSV_FLOATS)
     sections, tex = ["## Paper layout"], []
     for heading, rows in table.groupby(SETTING, sort=True):
         shown = printed(rows.reset_index(drop=True))
@@ -303,6 +324,12 @@ def write_paper(runs: pd.DataFrame, out: Path) -> list[str]:
     if not compared.empty:
         shown_compared = compared if several else compared.drop(columns=SETTING)
         sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(shown_compared))
+    if not judged.empty:
+        shown_judged = judged.drop(columns=([] if several else [SETTING]) + ["run_id"]
+                                   + (["seed"] if judged.seed.nunique() == 1 else []))
+        name = "Holm" if correction == "holm" else "Benjamini-Hochberg"
+        sections.append(f"## Verdicts against the dense run (tolerance {max_drop:g} points; p adjusted by {name} "
+                        f"across the {len(judged)} comparisons)\n\n{to_markdown(shown_judged)}")
     # the flat report beside it drew speed_front.png from the same runs
     sections += filter(None, [speed_front_section(results_table(runs))[0]])
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")

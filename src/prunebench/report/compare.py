@@ -1,0 +1,121 @@
+"""`prunebench-compare A B`: B against A, document by document, with a verdict per task a CI job can
+gate on. A and B are each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
+Two runs: every task both evaluated. Two sweeps: runs paired by model, pruner, its config, ratio,
+task and seed. Exit code: 0 every comparison kept, 1 any lost, 2 inconclusive only; 3 a run or
+sweep that does not exist or nothing to compare (nothing printed but the error); 64 a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+
+from prunebench.report.build import latest_sweep
+from prunebench.report.paper import labels, scale, task_results
+from prunebench.report.predictions import Predictions
+from prunebench.report.table import load_runs, to_markdown
+from prunebench.report.verdicts import CORRECTIONS, compare, exit_code, paired, with_adjusted
+from prunebench.tracking.store import tracking_uri
+
+NOT_FOUND, USAGE = 3, 64
+PAIR_KEYS = ["model", "pruner", "config", "ratio", "task", "seed"]
+
+
+class NotFound(LookupError):
+    """A run id, sweep or `latest` that names nothing, or two sides with nothing in common."""
+
+
+def resolve(spec: str, experiment: str) -> tuple[pd.DataFrame, bool]:
+    """(the FINISHED job runs `spec` names, whether it is a sweep)."""
+    if spec == "latest":
+        if mlflow.get_experiment_by_name(experiment) is None:
+            raise NotFound(f"no experiment named {experiment!r} in {mlflow.get_tracking_uri()}, so no latest sweep")
+        spec = latest_sweep(experiment)
+        if spec is None:
+            raise NotFound(f"experiment {experiment!r} has no sweep: name a run id instead of 'latest'")
+    try:
+        run = mlflow.MlflowClient().get_run(spec)
+    except MlflowException:
+        raise NotFound(f"no run {spec!r} in {mlflow.get_tracking_uri()} (a run id, a sweep's parent run id, or "
+                       f"'latest')") from None
+    name = mlflow.get_experiment(run.info.experiment_id).name
+    if run.data.tags.get("prunebench.sweep") == "true":
+        runs = load_runs(name, spec)
+        if runs.empty:
+            raise NotFound(f"sweep {spec} has no FINISHED job")
+        return runs, True
+    if run.info.status != "FINISHED" or "prunebench.run_key" not in run.data.tags:
+        raise NotFound(f"run {spec} is no FINISHED prunebench job (status {run.info.status})")
+    return mlflow.search_runs(experiment_ids=[run.info.experiment_id], filter_string=f"attributes.run_id = '{spec}'"), False
+
+
+def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float, correction: str) -> pd.DataFrame:
+    first, second = task_results(a), task_results(b)
+    keys = PAIR_KEYS if sweeps else ["task"]
+    pairs = first.merge(second, on=[*keys, "metric"], suffixes=("_a", "_b"))
+    if pairs.empty:
+        raise NotFound("the two sides share no " + ("job (model, pruner, config, ratio, task, seed)" if sweeps
+                                                    else "task with the same metric"))
+    named = labels(pd.concat([first, second]))
+    predictions, rows = Predictions(), []
+    for _, r in pairs.iterrows():
+        docs = [predictions.correct(r[f"run_id_{side}"], r.task, r.metric) for side in "ab"]
+        if None in docs:
+            continue
+        ref, new = paired(docs[0][1], docs[1][1])
+        if not ref:
+            continue
+        row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio} if sweeps else {}
+        rows.append({**row, "task": r.task, "metric": docs[0][0],
+                     **compare(ref, new, scale(pd.Series(ref + new)), max_drop)})
+    if not rows:
+        raise NotFound("no paired task has per-document values (perplexity and corpus metrics such as MCC have none)")
+    return with_adjusted(rows, correction)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="prunebench-compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", help="the reference: a run id, a sweep's parent run id, or 'latest'")
+    parser.add_argument("b", help="the candidate, compared with A: a run id, a sweep's parent run id, or 'latest'")
+    parser.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
+                        help="the drop from A that still counts as kept (default 1.0 point)")
+    parser.add_argument("--correction", choices=CORRECTIONS, default="holm",
+                        help="how the p-values are adjusted across the comparisons (default holm)")
+    parser.add_argument("--experiment", default="prunebench", help="where 'latest' looks (default prunebench)")
+    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    args = parser.parse_args(argv)
+    if args.max_drop < 0:
+        parser.error(f"--max-drop {args.max_drop}: a tolerance is a drop, 0 or more points")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    try:
+        (a, sweep_a), (b, sweep_b) = resolve(args.a, args.experiment), resolve(args.b, args.experiment)
+        if sweep_a != sweep_b:
+            raise NotFound(f"{args.a if sweep_a else args.b} is a sweep and {args.b if sweep_a else args.a} a single run: "
+                           "compare two runs or two sweeps")
+        table = comparisons(a, b, sweep_a, args.max_drop, args.correction)
+    except NotFound as err:
+        print(f"prunebench-compare: {err}", file=sys.stderr)
+        return NOT_FOUND
+    name = "Holm" if args.correction == "holm" else "Benjamini-Hochberg"
+    print(f"B ({args.b}) against A ({args.a}): points, 95% intervals, p adjusted by {name} across "
+          f"{len(table)} comparisons, tolerance {args.max_drop:g} points\n")
+    print(to_markdown(table))
+    code = exit_code(table.verdict.tolist())
+    counts = table.verdict.value_counts().to_dict()
+    print(f"\n{', '.join(f'{n} {v}' for v, n in counts.items())}: exit {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

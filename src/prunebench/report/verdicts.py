@@ -1,0 +1,114 @@
+"""Verdicts a reviewer accepts, on the paired per-document results the jobs keep.
+
+Per pruned run and task, against a reference run on the same documents (the dense run, or run A of
+`prunebench-compare`): the paired difference in points (x100 for metrics on [-1, 1], as papers print
+them), its 95% interval (mean difference +- z x sd / sqrt(n); for 0/1 values this is the Wald
+interval of a paired proportion), the exact McNemar p for 0/1 values or a paired bootstrap p
+otherwise, that p adjusted across every comparison of the report (Holm by default, Benjamini-
+Hochberg as `bh`), and a verdict against the tolerance `max_drop` (points):
+- `kept`: the interval's lower end is above -max_drop;
+- `lost`: its upper end is below -max_drop;
+- `inconclusive` otherwise, with the minimum detectable difference at this many documents (two-sided
+  5%, 80% power) and the documents at which the interval would exclude -max_drop, were the
+  difference and its spread what they are now.
+The verdict reads the unadjusted interval (the tolerance is a margin, not a null hypothesis); the
+adjusted p says which differences from the reference survive the whole sweep's multiplicity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest, false_discovery_control, norm
+
+
+CORRECTIONS = ("holm", "bh")
+LEVEL, POWER = 0.95, 0.8
+VERDICTS = ("kept", "inconclusive", "lost")
+# resamples of the paired bootstrap p for non-binary per-document values, seeded so a report is repeatable
+BOOTSTRAP_DRAWS, SEED = 10_000, 1234
+COLUMNS = ["task", "metric", "docs", "reference", "candidate", "diff", "ci_low", "ci_high", "test", "p", "p_adj",
+           "mdd", "docs_to_settle", "verdict"]
+
+
+def mcnemar(a: list[float], b: list[float]) -> tuple[int, int, float]:
+    """(a right and b wrong, a wrong and b right, exact two-sided McNemar p): the binomial test of
+    the discordant pairs, exact at any count (the chi-square form is not, below a few dozen)."""
+    only_a = sum(x > 0.5 >= y for x, y in zip(a, b))
+    only_b = sum(y > 0.5 >= x for x, y in zip(a, b))
+    n = only_a + only_b
+    return only_a, only_b, (binomtest(only_a, n, 0.5).pvalue if n else 1.0)
+
+
+def paired(first: dict, second: dict) -> tuple[list[float], list[float]]:
+    docs = sorted(set(first) & set(second))
+    return [first[d] for d in docs], [second[d] for d in docs]
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjustment (scipy has Benjamini-Hochberg but not Holm): the k-th smallest p
+    times the m - k + 1 hypotheses left, made monotone, capped at 1."""
+    order = np.argsort(p, kind="stable")
+    adjusted, running = np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def adjust(p: list[float], correction: str = "holm") -> list[float]:
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction={correction!r}; valid: {list(CORRECTIONS)}")
+    if not p:
+        return []
+    return holm(p) if correction == "holm" else false_discovery_control(p, method="bh").tolist()
+
+
+def paired_test(reference: list[float], candidate: list[float]) -> tuple[str, float]:
+    """(test name, two-sided p): exact McNemar on the discordant pairs of 0/1 values; otherwise the
+    paired bootstrap, the share of resampled mean differences, centred on the observed one, at least
+    as far from 0 as the observed one."""
+    if set(reference) | set(candidate) <= {0.0, 1.0}:
+        return "mcnemar", mcnemar(reference, candidate)[2]
+    d = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
+    draws = np.random.default_rng(SEED).integers(0, len(d), (BOOTSTRAP_DRAWS, len(d)))
+    means = d[draws].mean(axis=1)
+    return "paired bootstrap", float(np.mean(np.abs(means - d.mean()) >= abs(d.mean()) - 1e-12))
+
+
+def compare(reference: list[float], candidate: list[float], factor: float, max_drop: float) -> dict:
+    """The row of one comparison (documents paired by id already), p not yet adjusted."""
+    d = (np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)) * factor
+    n, mean = len(d), float(d.mean())
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    z, z_power = norm.ppf(1 - (1 - LEVEL) / 2), norm.ppf(POWER)
+    half = z * sd / math.sqrt(n)
+    low, high = mean - half, mean + half
+    verdict = "kept" if low > -max_drop else "lost" if high < -max_drop else "inconclusive"
+    gap = abs(mean + max_drop)
+    settle = (math.ceil((z * sd / gap) ** 2) if gap > 0 else math.inf) if verdict == "inconclusive" else n
+    test, p = paired_test(reference, candidate)
+    return {"docs": n, "reference": float(np.mean(reference)) * factor, "candidate": float(np.mean(candidate)) * factor,
+            "diff": mean, "ci_low": low, "ci_high": high, "test": test, "p": p,
+            "mdd": (z + z_power) * sd / math.sqrt(n), "docs_to_settle": settle, "verdict": verdict}
+
+
+def with_adjusted(rows: list[dict], correction: str) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    table.insert(table.columns.get_loc("p") + 1, "p_adj", adjust(table.p.tolist(), correction))
+    return table
+
+
+def overall(verdicts: list[str]) -> str:
+    """A row's verdict over its tasks and seeds: lost if any is lost, kept if all are kept."""
+    if not verdicts:
+        return ""
+    return "lost" if "lost" in verdicts else "kept" if all(v == "kept" for v in verdicts) else "inconclusive"
+
+
+def exit_code(verdicts: list[str]) -> int:
+    """For a CI job: 0 every comparison kept, 1 any lost, 2 some inconclusive and none lost."""
+    return 1 if "lost" in verdicts else 2 if "inconclusive" in verdicts else 0

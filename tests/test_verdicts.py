@@ -1,0 +1,169 @@
+"""Verdicts across a grid: a scripted model's answers (logged as jobs log them: tags, metrics and
+`predictions/<task>.jsonl`) with a known true difference on some cells and none on others; Holm's
+and Benjamini-Hochberg's adjusted p against statsmodels' `multipletests`, the intervals, verdicts and
+minimum detectable difference against the formulas computed here by hand; `prunebench-compare`'s
+exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from prunebench.report.compare import main as compare_main
+from prunebench.report.paper import dense_verdicts, task_results
+from prunebench.report.predictions import Predictions
+from prunebench.report.table import load_runs
+from prunebench.report.verdicts import adjust
+
+N = 400
+TASKS = ("arc_easy", "piqa")
+
+
+def answers(drop: int, noise: int, seed: int) -> list[float]:
+    """The dense model gets the first 240 of 400 right. A pruned cell loses `drop` right answers
+    for good and swaps `noise` right answers for `noise` wrong ones (no net change)."""
+    dense = np.array([1.0] * 240 + [0.0] * 160)
+    rng = np.random.default_rng(seed)
+    right, wrong = rng.permutation(240), 240 + rng.permutation(160)
+    out = dense.copy()
+    out[right[:drop + noise]] = 0.0
+    out[wrong[:noise]] = 1.0
+    return out.tolist()
+
+
+def log_job(pruner: str, sparsity: float, values: dict[str, list[float]], parent: str | None = None) -> str:
+    tags = {"prunebench.run_key": f"{pruner}-{sparsity}-{parent}", "prunebench.model": "scripted",
+            "prunebench.pruner": pruner, "prunebench.sparsity": str(sparsity), "prunebench.task": "suite",
+            "prunebench.avg_metrics": json.dumps({t: "acc" for t in values}), "prunebench.limit": "null",
+            **({"mlflow.parentRunId": parent} if parent else {})}
+    with mlflow.start_run(tags=tags, nested=parent is not None) as run:
+        mlflow.log_params({"seed": "0", "pruner.name": pruner})
+        for task, docs in values.items():
+            mlflow.log_metrics({f"{task}/acc": sum(docs) / len(docs), f"{task}/n_docs": len(docs)})
+            mlflow.log_text("\n".join(json.dumps({"doc_id": i, "acc": v}) for i, v in enumerate(docs)),
+                            f"predictions/{task}.jsonl")
+    return run.info.run_id
+
+
+# (pruner, sparsity) -> per task (right answers lost for good, swapped answers): a true 10-point
+# drop, a true 0.5-point drop, no change at all, and no net change under heavy swapping
+CELLS = {("a", 0.3): {"arc_easy": (0, 0), "piqa": (2, 3)}, ("a", 0.5): {"arc_easy": (40, 10), "piqa": (40, 5)},
+         ("b", 0.3): {"arc_easy": (0, 30), "piqa": (0, 1)}, ("b", 0.5): {"arc_easy": (2, 40), "piqa": (40, 40)}}
+
+
+def seed_of(pruner: str, sparsity: float, task: str) -> int:
+    return 1 + 2 * list(CELLS).index((pruner, sparsity)) + TASKS.index(task)
+
+
+@pytest.fixture
+def grid(store):
+    mlflow.set_tracking_uri(store)
+    mlflow.set_experiment("prunebench")
+    with mlflow.start_run(tags={"prunebench.sweep": "true"}) as parent:
+        pass
+    ids = {"dense": log_job("none", 0.0, {t: answers(0, 0, 0) for t in TASKS}, parent.info.run_id)}
+    for (pruner, sparsity), cell in CELLS.items():
+        ids[pruner, sparsity] = log_job(pruner, sparsity, {t: answers(*cell[t], seed=seed_of(pruner, sparsity, t))
+                                                           for t in TASKS}, parent.info.run_id)
+    return parent.info.run_id, ids
+
+
+def by_hand(reference: list[float], candidate: list[float], max_drop: float) -> dict:
+    d = 100 * (np.array(candidate) - np.array(reference))
+    mean, sd, n = d.mean(), d.std(ddof=1), len(d)
+    low, high = mean - 1.959963984540054 * sd / math.sqrt(n), mean + 1.959963984540054 * sd / math.sqrt(n)
+    lost = sum(r > c for r, c in zip(reference, candidate))
+    gained = sum(c > r for r, c in zip(reference, candidate))
+    return {"diff": mean, "ci_low": low, "ci_high": high, "p": binomtest(lost, lost + gained).pvalue if lost + gained else 1.0,
+            "mdd": (1.959963984540054 + 0.8416212335729143) * sd / math.sqrt(n),
+            "verdict": "kept" if low > -max_drop else "lost" if high < -max_drop else "inconclusive"}
+
+
+@pytest.mark.parametrize("correction", ["holm", "bh"])
+def test_adjusted_p_verdicts_and_detectable_difference_across_the_grid(grid, correction):
+    statsmodels = pytest.importorskip("statsmodels.stats.multitest")
+    parent, ids = grid
+    table = dense_verdicts(task_results(load_runs("prunebench", parent)), Predictions(), 1.0, correction)
+    assert len(table) == 8  # 4 pruned cells x 2 tasks, every one against the dense run
+    dense = {t: answers(0, 0, 0) for t in TASKS}
+    for _, row in table.iterrows():
+        pruner = row.pruner
+        cell = CELLS[pruner, row.ratio][row.task]
+        expected = by_hand(dense[row.task], answers(*cell, seed=seed_of(pruner, row.ratio, row.task)), 1.0)
+        for key in ("diff", "ci_low", "ci_high", "mdd"):
+            assert row[key] == pytest.approx(expected[key], abs=1e-9), (key, row.pruner, row.ratio, row.task)
+        assert row.p == pytest.approx(expected["p"], rel=1e-12) and row.verdict == expected["verdict"]
+        assert row["diff"] == pytest.approx(-100 * cell[0] / N)  # the scripted true difference
+    method = {"holm": "holm", "bh": "fdr_bh"}[correction]
+    assert table.p_adj.tolist() == pytest.approx(statsmodels.multipletests(table.p.tolist(), method=method)[1].tolist(),
+                                                 rel=1e-12)
+    verdicts = dict(zip(zip(table.pruner, table.ratio, table.task), table.verdict))
+    # 10 points lost: lost; nothing changed: kept; heavy swapping, no net change: too noisy to settle at 400
+    assert verdicts["a", 0.5, "arc_easy"] == verdicts["b", 0.5, "piqa"] == "lost"
+    assert verdicts["a", 0.3, "arc_easy"] == "kept"
+    assert verdicts["b", 0.5, "arc_easy"] == "inconclusive"
+    row = table[(table.pruner == "b") & (table.ratio == 0.5) & (table.task == "arc_easy")].iloc[0]
+    # the documents at which the interval's half-width would reach the gap to -1 point
+    gap, sd = abs(row["diff"] + 1.0), row.mdd * math.sqrt(N) / (1.959963984540054 + 0.8416212335729143)
+    assert row.docs_to_settle == math.ceil((1.959963984540054 * sd / gap) ** 2) > N
+
+
+def test_holm_equals_statsmodels_on_ties_and_the_cap():
+    statsmodels = pytest.importorskip("statsmodels.stats.multitest")
+    p = [0.01, 0.04, 0.04, 0.3, 0.001, 0.9, 0.02]
+    assert adjust(p, "holm") == pytest.approx(statsmodels.multipletests(p, method="holm")[1].tolist(), rel=1e-12)
+    with pytest.raises(ValueError, match="valid: \\['holm', 'bh'\\]"):
+        adjust(p, "bonferroni")
+
+
+def test_paper_report_has_a_verdict_per_row(grid, tmp_path):
+    from prunebench.report.cli import main as report_main
+
+    parent, _ = grid
+    out = tmp_path / "rep"
+    assert report_main(["--sweep", parent, "--out", str(out), "--layout", "paper", "--max-drop", "1"]) == 0
+    paper = pd.read_csv(out / "paper.csv")
+    verdict = dict(zip(zip(paper.pruner, paper.ratio), paper.verdict.fillna("")))
+    assert verdict == {("none", 0.0): "", ("a", 0.3): "inconclusive", ("a", 0.5): "lost",
+                       ("b", 0.3): "inconclusive", ("b", 0.5): "lost"}
+    text = (out / "paper.md").read_text()
+    assert "## Verdicts against the dense run (tolerance 1 points; p adjusted by Holm across the 8 comparisons)" in text
+    assert len(pd.read_csv(out / "verdicts.csv")) == 8
+
+
+def test_compare_exit_codes(grid, capsys):
+    parent, ids = grid
+    # a true 10-point drop on both tasks: lost
+    assert compare_main([ids["dense"], ids["a", 0.5]]) == 1
+    assert "2 lost: exit 1" in capsys.readouterr().out
+    # the same answers: kept on both (an interval of width 0 at 0)
+    assert compare_main([ids["dense"], ids["dense"]]) == 0
+    # no net change under heavy swapping on arc_easy, and 40 lost on piqa: lost wins
+    assert compare_main([ids["dense"], ids["b", 0.5], "--max-drop", "1"]) == 1
+    # arc_easy alone is inconclusive at 1 point; with a 5-point tolerance it is kept
+    assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "0.5"]) == 2
+    assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "5"]) == 0
+    # two sweeps: the grid against itself, every job paired with itself: all kept
+    assert compare_main([parent, "latest"]) == 0
+    capsys.readouterr()
+
+
+def test_compare_refuses_a_bad_id_and_bad_usage_with_their_own_codes(grid, capsys):
+    parent, ids = grid
+    assert compare_main(["0123456789abcdef", ids["dense"]]) == 3
+    err = capsys.readouterr()
+    assert "no run '0123456789abcdef'" in err.err and err.out == ""
+    assert compare_main([parent, ids["dense"]]) == 3
+    assert "is a sweep and" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        compare_main([ids["dense"]])
+    assert exit_.value.code == 64
+    with pytest.raises(SystemExit) as exit_:
+        compare_main([ids["dense"], ids["dense"], "--max-drop", "-1"])
+    assert exit_.value.code == 64
