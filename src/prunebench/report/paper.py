@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from hydra.utils import get_class
 
+from prunebench.report import calibration
 from prunebench.report.front import speed_front_section
 from prunebench.report.plots import grid, panel
 from prunebench.report.predictions import Predictions, chance_levels
@@ -291,7 +292,8 @@ def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
 
 
 def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction: str = "holm") -> list[str]:
-    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, verdicts.csv, paper.png; returns the
+    """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, verdicts.csv, calibration.csv (a sweep
+    over calibration draws, sources or sizes: report/calibration.py), paper.png; returns the
     Markdown sections: one table per setting, headed by it and by how many documents each task rests
     on, each row with its verdict against the dense run (report/verdicts.py)."""
     results = task_results(runs)
@@ -308,6 +310,8 @@ def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction
     flipped.to_csv(out / "flips.csv", index=False, float_format=CSV_FLOATS)
     compared.to_csv(out / "comparisons.csv", index=False, float_format=CSV_FLOATS)
     judged.to_csv(out / "verdicts.csv", index=False, float_format=CSV_FLOATS)
+    calibrated = calibration.sensitivity(results)
+    calibrated.to_csv(out / "calibration.csv", index=False, float_format=CSV_FLOATS)
     sections, tex = ["## Paper layout"], []
     for heading, rows in table.groupby(SETTING, sort=True):
         shown = printed(rows.reset_index(drop=True))
@@ -330,6 +334,9 @@ def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction
         name = "Holm" if correction == "holm" else "Benjamini-Hochberg"
         sections.append(f"## Verdicts against the dense run (tolerance {max_drop:g} points; p adjusted by {name} "
                         f"across the {len(judged)} comparisons)\n\n{to_markdown(shown_judged)}")
+    if not calibrated.empty:
+        sections.append("## Calibration: across draws and sources (mean ± std [95% t-interval over draws])\n\n"
+                        + "\n\n".join(calibration.sections(calibrated, to_markdown)))
     # the flat report beside it drew speed_front.png from the same runs
     sections += filter(None, [speed_front_section(results_table(runs))[0]])
     (out / "paper.md").write_text("\n\n".join(sections) + "\n")
