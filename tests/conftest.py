@@ -137,3 +137,11 @@ def stand_in_images(folder, names) -> None:
     for name in names:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         os.link(first, folder / name)
+
+
+@pytest.fixture
+def calib_text(tmp_path):
+    """`calib=file` overrides on a short English text: n windows of 16 tokens (the export round trips)."""
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. Question: What is the capital of France? " * 30)
+    return lambda n: ["calib=file", f"calib.path={text}", f"calib.n_samples={n}", "calib.seq_len=16"]

@@ -26,3 +26,12 @@ def content_key(obj) -> str:
     """Stable short hash of a JSON-able object (dict order does not matter)."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    """A downloaded or installed file's sha256, read in 1 MiB blocks (a GGUF or an sdist is hundreds of MB)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

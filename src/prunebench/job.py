@@ -330,9 +330,11 @@ def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
     """What a pruner's scores depend on: the jobs of a sweep over ratios share them. The scorer is
     its class's module and qualified name, however `_target_` spells it (a package's re-export), so
     two packages' pruners of one config name never share scores and one class never misses its own;
-    a built-in `_target_` already is that name, so its keys are what they were."""
+    a built-in `_target_` already is that name, so its keys are what they were. The options the
+    class names `unscored` (OWL's base and lambda) are left out."""
     pruner = OmegaConf.to_container(cfg.pruner, resolve=True)
     scorer = get_class(pruner["_target_"])
+    pruner = {key: value for key, value in pruner.items() if key not in scorer.unscored}
     pruner["_target_"] = f"{scorer.__module__}.{scorer.__qualname__}"
     return {"model": identity(cfg)["model"], "pruner": pruner,
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}

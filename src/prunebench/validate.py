@@ -108,8 +108,9 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
         raise ConfigError(f"export=true writes a Hugging Face folder, but model={cfg.model.name!r} is a timm model "
                           f"(family vision), which has none; export works for the causal_lm, moe, vlm and encoder families")
     if not pruner_cls.exportable:
-        raise ConfigError(f"export=true: pruner={cfg.pruner.name!r} changes how the model runs, not its weights, "
-                          f"so there is no pruned checkpoint to write; set export=false")
+        reason = pruner_cls.export_refusal or ("changes how the model runs, not its weights, so there is no pruned "
+                                               "checkpoint to write")
+        raise ConfigError(f"export=true: pruner={cfg.pruner.name!r} {reason}; set export=false")
     if folder is not None:
         path = Path(str(folder)).expanduser().resolve()
         existing = next(p for p in (path, *path.parents) if p.exists())
@@ -118,10 +119,10 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
                               f"give a writable folder (the model goes to <export_dir>/<run id>)")
 
 
-def model_context(model_cfg: DictConfig) -> int | None:
-    """The positions the model will read, where its config says so without loading it: model.max_length,
-    else the position limit of its config (a tiny model's own; a checkpoint's config.json, which
-    `checkpoint_config` reads, refusing a missing or empty model.path on the way). None: not known here."""
+def stated_config(model_cfg: DictConfig):
+    """The model's (language) config without loading it: a tiny model's own, as a dict; a checkpoint's
+    config.json, which `checkpoint_config` reads, refusing a missing or empty model.path on the way.
+    None: not known here."""
     config = model_cfg.get("text_config") or model_cfg.get("config")
     if "path" in model_cfg and "revision" in model_cfg:  # the from_pretrained loaders (hf_causal, hf_vlm, hf_classifier)
         if OmegaConf.is_missing(model_cfg, "path"):
@@ -131,9 +132,18 @@ def model_context(model_cfg: DictConfig) -> int | None:
             config = checkpoint_config(str(model_cfg.path), model_cfg.revision, bool(model_cfg.get("trust_remote_code")))
         except ValueError as err:
             raise ConfigError(str(err)) from None
+    if config is None and model_cfg.get("_target_"):  # a preset's loader may state its architecture (gemma_gguf)
+        config = getattr(get_method(model_cfg._target_), "stated_config", None)
+    return OmegaConf.to_container(config) if OmegaConf.is_config(config) else config
+
+
+def model_context(model_cfg: DictConfig) -> int | None:
+    """The positions the model will read, where its config says so without loading it: model.max_length,
+    else the position limit of its config (`stated_config`). None: not known here."""
+    config = stated_config(model_cfg)
     if model_cfg.get("max_length"):
         return int(model_cfg.max_length)
-    return position_limit(OmegaConf.to_container(config) if OmegaConf.is_config(config) else config)
+    return position_limit(config)
 
 
 def check_generation_budget(tasks: dict, model_cfg: DictConfig, context: int | None) -> None:
@@ -251,6 +261,11 @@ def validate(cfg: DictConfig) -> dict:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     context = model_context(cfg.model)
+    if float(ratio) > 0:
+        try:
+            pruner.check_config(stated_config(cfg.model), float(ratio))
+        except ValueError as err:
+            raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r}: {err}") from err
     tasks = build_tasks(cfg)
     for name, task in tasks.items():
         families = task_families(task)

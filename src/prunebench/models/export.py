@@ -7,7 +7,11 @@ cannot state is written at a shape it can state, padded with zeros that add exac
 - decoder layers left with different head counts (heads ranked across the whole model): every
   layer padded to the widest layer's query heads per key/value head and key/value heads;
 - a CLIP or BERT tower's sliced heads (their config derives the head size from hidden_size and the
-  head count, so it cannot state fewer): padded back to the config's count.
+  head count, so it cannot state fewer): padded back to the config's count;
+- decoder MLPs left with different widths (FLAP's adaptive structures): every MLP padded to the
+  widest one's neurons;
+- biases a pruner added to o_proj / down_proj (FLAP's compensation): the config's attention_bias /
+  mlp_bias set, the other projections' biases written as zeros.
 Unstructured and N:M sparsity are dense tensors with zeros, as Wanda's and SparseGPT's code saves
 them. `pruning.json` says which of these applies, and what was removed where."""
 
@@ -122,6 +126,70 @@ def stated_heads(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, d
     return tensors, fields, notes
 
 
+def block_mlps(model: nn.Module) -> list[nn.Module]:
+    """Each decoder block's dense MLP (`mlp` with up/down projections; an MoE block has none)."""
+    return [block.mlp for block in transformer_blocks(model)[1]
+            if all(isinstance(getattr(getattr(block, "mlp", None), p, None), nn.Linear) for p in ("up_proj", "down_proj"))]
+
+
+def widened(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    shape = list(tensor.shape)
+    shape[dim] = size - shape[dim]
+    return torch.cat([tensor.detach(), tensor.detach().new_zeros(shape)], dim)
+
+
+def stated_neurons(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
+    """Decoder MLPs left with different widths (neurons ranked across the whole model, as FLAP's
+    adaptive structures), each stored at the widest one's: the added neurons have zero gate/up rows
+    and zero down_proj columns, so they add exactly nothing. Same returns as `stated_heads`."""
+    names = {id(m): name for name, m in model.named_modules()}
+    mlps = block_mlps(model)
+    widest = max((m.down_proj.in_features for m in mlps), default=0)
+    uneven = [m for m in mlps if m.down_proj.in_features != widest]
+    if not uneven:
+        return {}, {}, []
+    tensors = {}
+    for mlp in uneven:
+        for proj, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            linear = getattr(mlp, proj, None)
+            if isinstance(linear, nn.Linear):
+                tensors[f"{names[id(linear)]}.weight"] = widened(linear.weight, dim, widest)
+                if linear.bias is not None and dim == 0:
+                    tensors[f"{names[id(linear)]}.bias"] = widened(linear.bias, 0, widest)
+    return tensors, {"language": {"intermediate_size": widest}}, [
+        f"language MLP: {len(uneven)} of {len(mlps)} layers kept fewer neurons than a stock config can state for "
+        f"every layer; they are stored with {widest}, the added neurons all zeros (they add exactly nothing); "
+        f"`structure` has each layer's real count"]
+
+
+def stated_biases(model: nn.Module, state: dict[str, torch.Tensor], config) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Biases a pruner put on output projections (FLAP's compensation on o_proj / down_proj): a Llama
+    config turns biases on for all of q/k/v/o (`attention_bias`) or gate/up/down (`mlp_bias`) at
+    once, so it gets that field set and the other projections zero biases, sized from `state` (padded
+    where padding applies). Returns (the zero biases, notes for pruning.json)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    groups = {"attention_bias": [[*h.qkv_linears(), h.out_proj] for h in attention_heads(model)
+                                 if getattr(h, "config_states_heads", False)],
+              "mlp_bias": [[getattr(m, p) for p in ("gate_proj", "up_proj", "down_proj")
+                            if isinstance(getattr(m, p, None), nn.Linear)] for m in block_mlps(model)]}
+    text = sub_config(config, "language")
+    tensors, notes = {}, []
+    for field, modules in groups.items():
+        if getattr(text, field, False) is True or all(group[-1].bias is None for group in modules):
+            continue
+        if not hasattr(text, field):
+            raise ValueError(f"the pruned {type(model).__name__} has biases on its "
+                             f"{names[id(modules[0][-1])].rsplit('.', 1)[-1]} projections, which its config ({text.model_type}) cannot state: it has no "
+                             f"`{field}`; export writes such biases for Llama-style configs")
+        setattr(text, field, True)
+        for linear in (lin for group in modules for lin in group if lin.bias is None):
+            weight = state[f"{names[id(linear)]}.weight"]
+            tensors[f"{names[id(linear)]}.bias"] = weight.new_zeros(weight.shape[0])
+        notes.append(f"{field}: the pruner added biases to the output projections; the config's {field} turns them "
+                     f"on for every projection of that kind, so the others are stored as zeros")
+    return tensors, notes
+
+
 def check_shapes(model: nn.Module, config, state: dict[str, torch.Tensor]) -> None:
     """Every tensor has the shape the written config builds (the architecture built on the meta
     device, no memory): a mismatch would only surface when someone loads the folder."""
@@ -145,11 +213,17 @@ def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"{type(model).__name__} is not a Hugging Face model: export writes a from_pretrained folder")
     tensors, fields, notes = stated_heads(model)
+    mlp_tensors, mlp_fields, mlp_notes = stated_neurons(model)
+    tensors, notes = {**tensors, **mlp_tensors}, notes + mlp_notes
+    for tower, values in mlp_fields.items():
+        fields.setdefault(tower, {}).update(values)
     config = copy.deepcopy(model.config)
     for tower, values in fields.items():
         for key, value in values.items():
             setattr(sub_config(config, tower), key, value)
     state = {**model.state_dict(), **tensors}
+    biases, bias_notes = stated_biases(model, state, config)
+    state.update(biases)
     check_shapes(model, config, state)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, state_dict=state)
@@ -158,9 +232,9 @@ def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[
     pruning = {**record, "dtype": str(model.dtype).removeprefix("torch."), "params_stored": stored_parameters(folder),
                "params_nonzero": count_parameters(model, nonzero=True),
                "structure": structure(before, widths(model)),
-               # a layer padded with zero heads is in `notes`; everything else is at its pruned shape
+               # a layer padded with zero heads or neurons is in `notes`; everything else is at its pruned shape
                "padded": bool(notes),
-               "storage": [*notes, "removed layers are gone, and so are heads and MLP neurons wherever every layer "
+               "storage": [*notes, *bias_notes, "removed layers are gone, and so are heads and MLP neurons wherever every layer "
                                    "keeps the same number; pruned single weights (unstructured, N:M) are zeros in "
                                    "dense tensors"]}
     (folder / "pruning.json").write_text(json.dumps(pruning, indent=2) + "\n")

@@ -26,8 +26,13 @@ class Pruner:
     towers: ClassVar[frozenset[str]] = frozenset({"language"})
     needs_calibration: ClassVar[bool] = False
     cacheable: ClassVar[bool] = True
+    # options that change only how the scores are applied, not the scores: left out of the score
+    # cache's key (job.score_identity), so runs differing in them share one scoring
+    unscored: ClassVar[frozenset[str]] = frozenset()
     # False: the pruner changes how the model runs, not its weights, so export=true has nothing to write
     exportable: ClassVar[bool] = True
+    # why export=true is refused, where `exportable` is False for another reason than the one above
+    export_refusal: ClassVar[str] = ""
 
     def __init__(self, name: str, tower: str = "language"):
         if tower not in TOWERS:
@@ -39,6 +44,11 @@ class Pruner:
 
     def check(self, sparsity: float) -> None:
         """Raise ValueError if this pruner cannot produce `sparsity` (called before any model loads)."""
+
+    def check_config(self, config, sparsity: float) -> None:
+        """Raise ValueError if `sparsity` cannot apply to the model its `config` (a dict, or the
+        checkpoint's transformers config, read before loading) describes, e.g. more experts removed
+        than top-k routing leaves room for."""
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, torch.Tensor] | None:
         return None

@@ -17,7 +17,8 @@ from prunebench.models.attention import Heads, attention_heads, eager_attention,
 from prunebench.models.introspection import TOWERS
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.base import tower_hint
-from prunebench.pruners.structured import StructuredPruner, calibration_batches, model_loss, observe
+from prunebench.pruners.structured import (StructuredPruner, calibration_batches, differentiable_only, model_loss,
+                                          observe)
 
 SCOPES = ("global", "layer")
 MODES = ("remove", "mask")
@@ -43,19 +44,6 @@ def normalised_entropy(probs: torch.Tensor, query_mask: torch.Tensor | None = No
         valid &= query_mask.bool()[:, None, :]
     entropy = torch.special.entr(p).sum(-1) / attended.clamp_min(2).log()
     return torch.where(valid, entropy, 0.0).sum((0, 2)), valid.sum((0, 2))
-
-
-@contextmanager
-def frozen(model: torch.nn.Module):
-    """Weights without gradients while gates are differentiated: only the gates' grads are needed."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 @contextmanager
@@ -113,7 +101,7 @@ def head_statistics(model: torch.nn.Module, batches: list[dict], his: bool = Tru
         ent_n[layer] += count.cpu()
 
     with ExitStack() as stack:
-        stack.enter_context(frozen(model))
+        stack.enter_context(differentiable_only(model))
         gates = stack.enter_context(head_gates(heads)) if his else None
         # registered after the gates, so they see the gated output, which carries the gradient
         inputs = stack.enter_context(head_inputs(heads)) if his and his_form == "token" else None

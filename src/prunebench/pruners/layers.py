@@ -64,9 +64,13 @@ class LayerPruner(StructuredPruner):
     def drop(self, scores, n_layers: int, n: int) -> set[int]:
         raise NotImplementedError
 
+    def count(self, n_layers: int, sparsity: float) -> int:
+        """Blocks to remove: rounded down (a method's release may round otherwise)."""
+        return math.floor(n_layers * sparsity + 1e-9)
+
     def prune(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
         n_layers = len(transformer_blocks(loaded.model)[1])
-        drop = self.drop(scores, n_layers, math.floor(n_layers * sparsity + 1e-9))
+        drop = self.drop(scores, n_layers, self.count(n_layers, sparsity))
         remove_layers(loaded.model, drop)
         return {"sparsity/actual": len(drop) / n_layers}
 

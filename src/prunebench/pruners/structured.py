@@ -3,6 +3,8 @@ shapes bought (parameters and FLOPs removed, beside the ratio in the pruner's ow
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -68,3 +70,19 @@ class StructuredPruner(Pruner):
         (name, value), = after.items()
         return {**stats, "sparsity/params": 1 - count_parameters(loaded.model) / params, name: value,
                 "sparsity/flops": 1 - value / flops[name]}
+
+
+@contextmanager
+def differentiable_only(model: torch.nn.Module, params=()):
+    """Gradients for `params` alone (none: every weight frozen, while a scorer differentiates its
+    gates): the embeddings, norms and LM head keep none, and the graph saves nothing for them."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)

@@ -188,11 +188,11 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
     return "\n".join([*lines, "\\bottomrule", "\\end{tabular}", ""])
 
 
-def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
-    """Per pruned run and task, against the dense run of the same model and task."""
-    named = labels(results)
+def dense_pairs(results: pd.DataFrame, predictions: Predictions):
+    """(pruned row, metric counted, dense values, pruned values) per pruned run and task, the
+    documents paired by id with the dense run of the same setting and task; a task without
+    per-document values (perplexity, a regression) yields nothing."""
     dense = results[results.pruner == "none"]
-    rows = []
     for _, r in results[results.pruner != "none"].iterrows():
         base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
         if base.empty:
@@ -201,11 +201,18 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
         reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
         if pruned is None or reference is None:
             continue
-        ref, new = paired(reference[1], pruned[1])
+        yield (r, pruned[0], *paired(reference[1], pruned[1]))
+
+
+def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
+    """Per pruned run and task, against the dense run of the same model and task."""
+    named = labels(results)
+    rows = []
+    for r, metric, ref, new in dense_pairs(results, predictions):
         lost, gained, p = mcnemar(ref, new)
         rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
                      "seed": r.seed,
-                     "task": r.task, "metric": pruned[0], "docs": len(ref), "dense": sum(ref) / len(ref),
+                     "task": r.task, "metric": metric, "docs": len(ref), "dense": sum(ref) / len(ref),
                      "pruned": sum(new) / len(new), "right->wrong": lost, "wrong->right": gained, "p": p})
     table = pd.DataFrame(rows, columns=[SETTING, "model", "pruner", "ratio", "seed", "task", "metric", "docs",
                                         "dense", "pruned", "right->wrong", "wrong->right", "p"])
@@ -248,24 +255,13 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
 
 def dense_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: float = 1.0,
                    correction: str = "holm") -> pd.DataFrame:
-    """Every pruned run x task of a `paper.task_results` against the dense run of its setting; tasks
-    without per-document values (perplexity, MCC) are left out, as from the flips."""
+    """Every pruned run x task of a `task_results` against the dense run of its setting
+    (report/verdicts.py); tasks without per-document values are left out, as from the flips."""
     named = labels(results)
-    dense = results[results.pruner == "none"]
-    rows = []
-    for _, r in results[results.pruner != "none"].iterrows():
-        base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
-        if base.empty:
-            continue
-        pruned = predictions.correct(r.run_id, r.task, r.metric)
-        reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
-        if pruned is None or reference is None:
-            continue
-        ref, new = paired(reference[1], pruned[1])
-        factor = scale(pd.Series(ref + new))
-        rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
-                     "seed": r.seed, "task": r.task, "metric": pruned[0], **compare(ref, new, factor, max_drop),
-                     "run_id": r.run_id})
+    rows = [{SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
+             "seed": r.seed, "task": r.task, "metric": metric,
+             **compare(ref, new, scale(pd.Series(ref + new)), max_drop), "run_id": r.run_id}
+            for r, metric, ref, new in dense_pairs(results, predictions)]
     table = with_adjusted(rows, correction)
     return table if not table.empty else pd.DataFrame(columns=[SETTING, "model", "pruner", "ratio", "seed", *COLUMNS,
                                                                 "run_id"])

@@ -20,7 +20,7 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-from prunebench.cache import cache_dir
+from prunebench.cache import cache_dir, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,6 @@ def sdist_url(index: str) -> str:
     raise LookupError(f"{page_url} lists no {SDIST}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download(target: Path) -> None:
     index = index_url()
     try:
@@ -110,7 +102,7 @@ def sdist() -> Path:
         path = Path(given).expanduser()
         if not path.is_file():
             raise BigBenchUnavailable(f"{SDIST_ENV}={given!r} is not a file. {_how_to_provide()}")
-        if _sha256(path) != SHA256:
+        if file_sha256(path) != SHA256:
             raise BigBenchUnavailable(f"{SDIST_ENV}={given!r} is not {SDIST} (its sha256 differs from {SHA256}). "
                                       f"{_how_to_provide()}")
         return path

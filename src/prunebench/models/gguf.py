@@ -1,0 +1,68 @@
+"""A GGUF shipped on PyPI, dequantised once into a safetensors folder in the prunebench cache.
+
+Dequantising takes tens of seconds; the converted folder loads in a few, so every job after the
+first pays only the fast path. The folder is keyed by the GGUF's sha256, so a new release of the
+package converts anew and an old folder is never mistaken for it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Callable
+
+import torch
+from filelock import FileLock
+
+from prunebench.cache import cache_dir
+
+log = logging.getLogger(__name__)
+
+# the folder-name tag of each dtype a converted folder is saved in
+DTYPE_TAGS = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def converted(label: str, sha256: str, dtype: torch.dtype, gguf_file: Callable[[], AbstractContextManager[Path]],
+              needed_bytes: int) -> Path:
+    """`gguf_file` opens the GGUF for the conversion (assembling it first where the package ships it
+    in parts, removing it after); `needed_bytes` is what that and the folder write under the cache."""
+    out = cache_dir("models") / f"{label}-{DTYPE_TAGS[dtype]}-{sha256[:12]}"
+    if (out / "config.json").exists():
+        return out
+    # jobs started together on an empty cache (a SLURM array, pytest-xdist's workers) convert once:
+    # the others wait here, then find the folder
+    with FileLock(f"{out}.lock"):
+        if not (out / "config.json").exists():
+            check_free_space(out.parent, needed_bytes, label)
+            with gguf_file() as gguf:
+                convert(gguf, out, dtype)
+    return out
+
+
+def convert(gguf: Path, out: Path, dtype: torch.dtype) -> None:
+    """Only under the caller's lock: the .tmp folder is one per cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a %s safetensors folder (once)", gguf, DTYPE_TAGS[dtype])
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A dequantised GGUF model still carries its quantizer; saving needs it gone.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(dtype).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+
+
+def check_free_space(folder: Path, needed: int, label: str) -> None:
+    """Before the dequantising, not at its last write: whatever the conversion writes must fit (a
+    full disk otherwise fails every job of a sweep in turn, late)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(f"converting {label} needs about {needed / 1e9:.2f} GB free under {folder}, which has "
+                      f"{free / 1e9:.2f} GB: free some space there, or set PRUNEBENCH_CACHE to a folder on a "
+                      f"larger disk")
