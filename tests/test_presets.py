@@ -24,7 +24,8 @@ from vlm_fixtures import SUITE_TASKS, write_vlm_data
 
 # grid jobs, dense baselines: the README's "Paper presets" table states these
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
-         "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1)}
+         "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1), "owl": (12, 1),
+         "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1)}
 QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
 LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
 
@@ -82,6 +83,17 @@ def tiny(name: str, data) -> list[str]:
         return [*common, "model=tiny-bert-cls", "calib.n_samples=4"]
     if name == "hies_llama2":
         return [*common, "model=tiny-llama", "calib.n_samples=2", "calib.seq_len=16"]
+    if name == "reap":  # WikiText-2 windows stand in for C4, the local questions for lm-eval's tasks
+        return [*common, "model=tiny-qwen3-moe", "calib=wikitext2", "calib.n_samples=2", "calib.seq_len=16",
+                "task=local_mc", f"task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}"]
+    if name in ("owl", "dsnot"):  # WikiText-2 train stands in for C4 and for the test split the fixture lacks
+        return [*common, "model=tiny-llama", "model.config.max_position_embeddings=2048", "calib=wikitext2",
+                "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
+                "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32"]
+    if name == "structured_baselines":  # six blocks: SLEB keeps its first and last; WikiText-2 train as above
+        return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", "model.config.max_position_embeddings=2048",
+                "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
+                "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32", *LATENCY]
     if name == "hies_vit":
         paths = [f"vision_data.imagenet1k.eval={vision['imagenet1k'][0]}",
                  f"vision_data.imagenet1k.train={vision['imagenet1k'][1]}"]
