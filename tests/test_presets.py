@@ -25,7 +25,7 @@ from vlm_fixtures import SUITE_TASKS, write_vlm_data
 # grid jobs, dense baselines: the README's "Paper presets" table states these
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
          "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1), "owl": (12, 1),
-         "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1)}
+         "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1), "calibration": (18, 1)}
 QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
 LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
 
@@ -90,6 +90,10 @@ def tiny(name: str, data) -> list[str]:
         return [*common, "model=tiny-llama", "model.config.max_position_embeddings=2048", "calib=wikitext2",
                 "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
                 "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32"]
+    if name == "calibration":  # the fixture's WikiText-2 train windows; its hellaswag file in lm-eval's layout
+        return [*common, "model=tiny-llama", "model.config.max_position_embeddings=2048", "calib.seq_len=16",
+                "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32",
+                "calib.allow_eval_split=true"]
     if name == "structured_baselines":  # six blocks: SLEB keeps its first and last; WikiText-2 train as above
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", "model.config.max_position_embeddings=2048",
                 "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
