@@ -81,11 +81,16 @@ class UnstructuredPruner(Pruner):
         return {name: lowest([imp], sparsity, self.mask_rule)[0] for name, imp in importance.items()}
 
     @torch.no_grad()
-    def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
-        targets = self.targets(loaded.model)
-        for name, mask in self.masks(self.importance(targets, scores), sparsity).items():
-            targets[name].weight.masked_fill_(mask, 0)
-        return sparsity_stats(targets)
+    def apply(self, loaded: LoadedModel, scores, sparsity: float,
+              per_block: list[float] | None = None) -> dict[str, float]:
+        """`per_block`: a sparsity for each block in place of `sparsity` (OWL's layerwise ratios)."""
+        blocks = self.targets_by_block(loaded.model)
+        groups = ([({n: m for block in blocks for n, m in block.items()}, sparsity)] if per_block is None
+                  else [(block, ratio) for block, ratio in zip(blocks, per_block) if block])
+        for targets, ratio in groups:
+            for name, mask in self.masks(self.importance(targets, scores), ratio).items():
+                targets[name].weight.masked_fill_(mask, 0)
+        return sparsity_stats({n: m for targets, _ in groups for n, m in targets.items()})
 
 
 @contextmanager
@@ -182,32 +187,48 @@ class SparseGPTPruner(UnstructuredPruner):
         return calibration_batches(loaded, calib, 1)
 
     @torch.no_grad()
-    def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float) -> dict[str, float]:
+    def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float,
+              per_block: list[float] | None = None) -> dict[str, float]:
+        """`per_block`: a sparsity for each block in place of `sparsity` (OWL's layerwise ratios)."""
         _, blocks = transformer_blocks(loaded.model)
         hiddens, calls = block_calls(loaded.model, samples)
         targets = self.targets_by_block(loaded.model)
+        ratios = [sparsity] * len(blocks) if per_block is None else per_block
         with eager_experts(loaded.model):
-            for block, block_targets, block_call in zip(blocks, targets, calls):
+            for block, block_targets, block_call, ratio in zip(blocks, targets, calls, ratios):
                 if block_targets:
                     for name, gram in input_grams(block, block_targets, hiddens, block_call).items():
-                        self.reconstruct(block_targets[name].weight, gram, sparsity)
+                        self.reconstruct(block_targets[name].weight, gram, ratio)
                 hiddens = [run_block(block, hidden, call) for hidden, call in zip(hiddens, block_call)]
         return sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
 
     def reconstruct(self, weight: torch.Tensor, gram: torch.Tensor, sparsity: float) -> None:
         """Prune `weight` in place, compensating with the kept weights (SparseGPT's Algorithm 1)."""
         w = weight.detach().double().clone()
-        h = gram.clone() if gram.diagonal().any() else torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
-        dead = h.diagonal() == 0
-        h[dead, dead] = 1
+        hinv, dead = self.inverse_hessian(gram)
         w[:, dead] = 0
-        h.diagonal().add_(self.damp * h.diagonal().mean())
-        hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
         mask = torch.zeros_like(w, dtype=torch.bool)
         with one_cpu_thread():
             self.lazy_block_updates(w, hinv, mask, sparsity)
         w[mask] = 0
         weight.copy_(w.to(weight.dtype))
+
+    def inverse_hessian(self, gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The upper Cholesky factor of the dampened H^-1, and the dead inputs (zero diagonal, set to 1)."""
+        h = gram.clone() if gram.diagonal().any() else torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
+        dead = h.diagonal() == 0
+        h[dead, dead] = 1
+        h.diagonal().add_(self.damp * h.diagonal().mean())
+        return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True), dead
+
+    def importance(self, targets, grams):
+        """w^2 / [H^-1]_jj^2 over whole rows, before any update: the ranking DSnoT's code starts from
+        (its `initial_method=sparsegpt`); `apply` ranks block by block as the weights update."""
+        out = {}
+        for name, m in targets.items():
+            hinv, dead = self.inverse_hessian(grams[name])
+            out[name] = m.weight.double().masked_fill(dead[None, :], 0) ** 2 / hinv.diagonal()[None, :] ** 2
+        return out
 
     def lazy_block_updates(self, w: torch.Tensor, hinv: torch.Tensor, mask: torch.Tensor, sparsity: float) -> None:
         """Column by column within blocks of `block_size`, each pruned column's error spread over the

@@ -68,6 +68,8 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
         figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table, levels)
     if front is not None:
         figures["speed_front.png"] = front
+    if any(column.startswith(plots.LAYER_SPARSITY) for column in runs.columns):  # OWL's per-layer sparsities
+        figures["layer_sparsity.png"] = plots.layer_sparsity(runs)
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=110)
         plt.close(fig)

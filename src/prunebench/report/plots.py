@@ -164,3 +164,36 @@ def speed_front(table: pd.DataFrame, quality: str = "avg/score"):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig, untimed
+
+
+LAYER_SPARSITY = "metrics.sparsity/layer_"
+
+
+def layer_sparsity(runs: pd.DataFrame):
+    """OWL's figure from the runs that logged a sparsity per layer (`sparsity/layer_<i>`, from
+    MLflow's runs): a row per model, a panel per target sparsity, each run's layers as a line
+    against the uniform target (dashed), and the layers' outlier ratios (`outliers/layer_<i>`) as
+    grey bars behind where logged."""
+    columns = sorted((c for c in runs.columns if c.startswith(LAYER_SPARSITY)), key=lambda c: int(c.rsplit("_", 1)[1]))
+    layers = [int(c.rsplit("_", 1)[1]) for c in columns]
+    runs = runs.dropna(subset=columns, how="all")
+    models = [(model, sorted(rows.groupby("tags.prunebench.sparsity"), key=lambda item: float(item[0])))
+              for model, rows in runs.groupby("tags.prunebench.model", sort=True)]
+    fig, axes = grid([(model, [f"target sparsity {target}" for target, _ in targets]) for model, targets in models])
+    for (_, targets), row in zip(models, axes):
+        for ax, (target, rows) in zip(row, targets):
+            outliers = rows.reindex(columns=[f"metrics.outliers/layer_{i}" for i in layers]).dropna(how="all")
+            if not outliers.empty:
+                bars = ax.twinx()
+                bars.bar(layers, outliers.iloc[0].astype(float), color="grey", alpha=0.3)
+                bars.set_ylabel("outlier ratio (%)", fontsize=8)
+                ax.set_zorder(bars.get_zorder() + 1)  # the lines over the bars
+                ax.patch.set_visible(False)
+            for _, run in rows.sort_values("tags.prunebench.pruner").iterrows():
+                ax.plot(layers, run[columns].astype(float), marker=".", label=run["tags.prunebench.pruner"])
+            ax.axhline(float(target), color="black", lw=1, ls="--", label="uniform")
+            ax.set(xlabel="layer", ylabel="sparsity")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
