@@ -22,6 +22,7 @@ from conftest import MC_FIXTURE, compose_cfg
 from prunebench.export_cli import main as export_main
 from prunebench.plan import main as plan_main
 from prunebench.report.cli import main as report_main
+from prunebench.report.compare import main as compare_main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -85,14 +86,16 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
         shutil.copy(MC_FIXTURE, tmp_path / name)
     monkeypatch.syspath_prepend(str(MYLAB))
     mlflow.set_tracking_uri(store)
-    ran, planned, reports = [], [], []
+    ran, planned, reports, compares = [], [], [], []
     for tool, *arguments in readme_commands:
         if tool in ("make", "export", "pip"):  # the CI's own steps; a sign-in for a server not here; an install
             continue
-        assert tool in ("prunebench", "prunebench-plan", "prunebench-report", "prunebench-export"), \
-            f"README runs an unknown tool: {tool}"
+        assert tool in ("prunebench", "prunebench-plan", "prunebench-report", "prunebench-export",
+                        "prunebench-compare"), f"README runs an unknown tool: {tool}"
         if tool == "prunebench-report":
             reports.append(arguments)
+        elif tool == "prunebench-compare":
+            compares.append(arguments)
         elif tool == "prunebench-export":  # RUN_ID: the run the README's export=true example made
             exported = mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time DESC"],
                                           filter_string="tags.`hydra.overrides` LIKE '%export=true%'").run_id[0]
@@ -115,6 +118,12 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
     assert len(ran) >= 2 and len(planned) >= 3 and reports
     for arguments in reports:
         assert report_main(arguments) == 0, arguments
+    # RUN_A RUN_B: the local-file example's dense baseline and its pruned run, judged task by task
+    local = mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time ASC"],
+                               filter_string="tags.`prunebench.task` = 'local_mc' and attributes.status = 'FINISHED'")
+    names = {"RUN_A": local.run_id.iloc[0], "RUN_B": local.run_id.iloc[-1]}
+    for arguments in compares:
+        assert compare_main([names.get(a, a) for a in arguments] + ["--tracking-uri", store]) in (0, 1, 2), arguments
     # the local-file example's template reaches the prompt with a newline, not a backslash and an n
     run_id = mlflow.search_runs(experiment_names=["prunebench"],  # the pruned run and its dense baseline
                                 filter_string="tags.`hydra.overrides` LIKE '%doc_to_text%'").run_id[0]
