@@ -137,10 +137,11 @@ def stated_config(model_cfg: DictConfig):
     return OmegaConf.to_container(config) if OmegaConf.is_config(config) else config
 
 
-def model_context(model_cfg: DictConfig) -> int | None:
+def model_context(model_cfg: DictConfig, config=None) -> int | None:
     """The positions the model will read, where its config says so without loading it: model.max_length,
-    else the position limit of its config (`stated_config`). None: not known here."""
-    config = stated_config(model_cfg)
+    else the position limit of its config (`config`, the model's `stated_config`, read here when not
+    given). None: not known here."""
+    config = stated_config(model_cfg) if config is None else config
     if model_cfg.get("max_length"):
         return int(model_cfg.max_length)
     return position_limit(config)
@@ -260,10 +261,11 @@ def validate(cfg: DictConfig) -> dict:
         lm_eval_rows(cfg.get("eval") or {})
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    context = model_context(cfg.model)
+    config = stated_config(cfg.model)  # a checkpoint's config.json, read once for both checks
+    context = model_context(cfg.model, config)
     if float(ratio) > 0:
         try:
-            pruner.check_config(stated_config(cfg.model), float(ratio))
+            pruner.check_config(config, float(ratio))
         except ValueError as err:
             raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r}: {err}") from err
     tasks = build_tasks(cfg)
