@@ -6,6 +6,7 @@ hub schema."""
 
 from __future__ import annotations
 
+import bz2
 import functools
 import importlib.util
 import json
@@ -269,14 +270,25 @@ def test_a_users_own_lm_eval_yaml_folder_runs_in_a_job(tmp_path, monkeypatch):
 @pytest.mark.shared_data
 def test_the_shared_data_layout_reads_every_suite_task():
     """data_dir=../shared/data places BoolQ, RTE, MMLU, LAMBADA, WikiText-2 and the commonsense tasks
-    for lm-eval's definitions (HellaSwag's original jsonl is absent there: its file is named)."""
+    for lm-eval's definitions; HellaSwag's original jsonl is absent there, so its llama.cpp copy is read."""
     data_dir = shared_file().resolve()
     tasks = our_tasks("task.lm_eval=[boolq,rte,lambada_openai,wikitext,arc_easy,arc_challenge,piqa,winogrande,"
-                      "openbookqa,{task:mmlu,num_fewshot:5}]", f"data_dir={data_dir}", "limit=2")
+                      "openbookqa,hellaswag,{task:mmlu,num_fewshot:5}]", f"data_dir={data_dir}", "limit=2")
     assert len(tasks["mmlu"].leaves) == 57
     assert [len(tasks[n].instances(2)) for n in ("boolq", "rte", "lambada_openai", "wikitext")] == [2, 2, 2, 2]
-    with pytest.raises(ConfigError, match="hellaswag/hellaswag_val.jsonl"):
-        our_tasks("task.lm_eval=[hellaswag]", f"data_dir={data_dir}")
+    assert [len(doc.requests) for doc in tasks["hellaswag"].instances(2)] == [4, 4]  # 4 endings each
+
+
+def test_a_split_with_alternative_files_reads_the_first_present_and_names_all_when_none_is(tmp_path):
+    with pytest.raises(ConfigError, match="hellaswag_val.jsonl.*or.*hellaswag_val_full.txt.bz2"):
+        our_tasks("task.lm_eval=[hellaswag]", f"data_dir={tmp_path}")
+    (tmp_path / "hellaswag").mkdir()
+    item = ["Baking cookies: A woman is in a kitchen.", "1", "she sings.", "she mixes the dough.",
+            "she sleeps.", "she drives."]
+    (tmp_path / "hellaswag" / "hellaswag_val_full.txt.bz2").write_bytes(bz2.compress("\n".join(item).encode()))
+    (task,) = our_tasks("task.lm_eval=[hellaswag]", f"data_dir={tmp_path}").values()
+    (doc,) = task.instances(1)
+    assert [r.context for r in doc.requests] == ["Baking cookies: A woman is in a kitchen."] * 4
 
 
 def test_wanda_zeroshot_suite_dense_and_wanda_give_metrics_stability_and_the_paper_table(store, tmp_path, capsys):
