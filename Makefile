@@ -19,7 +19,7 @@ RUN_ARGS ?= -m model=gemma3-270m model.dtype=auto pruner=none,magnitude sparsity
 SERVER_DIR ?= mlflow-server
 SERVER_PORT ?= 5000
 
-.PHONY: install test run ui server server-stop report bench-gpu clean
+.PHONY: install test test-fast run ui server server-stop report bench-gpu clean
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ $(STAMP): pyproject.toml setup.py
 # xdist 3.8 groups by rewriting a private attribute that pytest 9.2 no longer reads, so its groups split
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+
+# the inner loop: the tests that start no server, cluster or process and need no real model or
+# ../shared/data (conftest's `process` mark; a test starting a process unmarked fails here)
+test-fast: $(STAMP)
+	PRUNEBENCH_TEST_FAST=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder \
+		-m "not process and not real_model and not shared_data"
 
 run: $(STAMP)
 	$(BIN)/prunebench $(RUN_ARGS)

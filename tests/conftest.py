@@ -34,8 +34,41 @@ FIRST = ("test_slurm.py", "test_server.py", "test_lm_eval_tasks.py", "test_prese
          "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py")
 
 
+# modules whose every test starts a server (MLflow's, PostgreSQL, a judge's or a package index's over
+# HTTP), a SLURM cluster or processes (the CLI, sweeps, pip): marked `process`, which `make test-fast`
+# leaves out; a test of another module that starts one carries the mark itself
+PROCESS_MODULES = {"test_slurm.py", "test_server.py", "test_claim.py", "test_detach.py", "test_sweep.py",
+                   "test_resume_report.py", "test_readme.py", "test_install.py", "test_outside_package.py",
+                   "test_startup.py", "test_cluster.py", "test_vlm_suite.py", "test_judges.py",
+                   "test_judged_tasks.py", "test_bigbench_sdist.py", "test_help.py"}
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in PROCESS_MODULES:
+            item.add_marker(pytest.mark.process)
     items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """`make test-fast` (PRUNEBENCH_TEST_FAST=1) holds its selection: a test not marked `process` that
+    starts a process fails, naming the mark it needs (git, which MLflow may ask for its run's commit, aside)."""
+    if not os.environ.get("PRUNEBENCH_TEST_FAST") or item.get_closest_marker("process"):
+        return (yield)
+    start = subprocess.Popen._execute_child
+
+    def refuse(self, args, *rest, **kwargs):
+        program = Path(str(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])).name
+        if program != "git":
+            raise RuntimeError(f"{item.nodeid} starts a process ({program}): mark it @pytest.mark.process")
+        return start(self, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = refuse
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen._execute_child = start
 
 
 def reordered(scale, depth: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:

@@ -18,7 +18,7 @@ from conftest import TINY_MC, compose_cfg
 from vlm_fixtures import write_vlm_data
 from prunebench import job
 from prunebench.paths import CONF_DIR
-from prunebench.validate import ConfigError, check_root_keys
+from prunebench.validate import ConfigError, check_root_keys, validate
 
 GOOD = {"question": "2+2?", "choices": ["4", "5"], "label": 0}
 
@@ -89,14 +89,77 @@ CASES = {
                                            "no connection", "start the judge server"]),
     "0-byte image": (None, VIZWIZ, ["task vizwiz_vqa: 1 image(s) cannot be read", "images/b.png (0 bytes)"]),
     "unreadable image": (None, VIZWIZ, ["1 image(s) cannot be read", "images/c.jpg (not an image PIL can read"]),
+    "dtype float8": ([json.dumps(GOOD)], ["model.dtype=float8"], ["model.dtype='float8'", "'auto'", "'bfloat16'"]),
+    "dtype float8_e4m3fn": ([json.dumps(GOOD)], ["model.dtype=float8_e4m3fn"], ["model.dtype='float8_e4m3fn'", "'fp32'"]),
+    "truncated model.safetensors": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/ckpt", "pruner=none"],
+                                    ["model.path=", "model.safetensors (", "cut short", "file not fully covered"]),
+    "truncated shard": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/ckpt", "pruner=none"],
+                        ["model-00002-of-00002.safetensors (", "cut short"]),
+    "shard missing": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/ckpt", "pruner=none"],
+                      ["index.json names the shard model-00001-of-00002.safetensors", "not in the folder"]),
+    "checkpoint without a tokenizer": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/ckpt", "pruner=none"],
+                                       ["ckpt' holds no tokenizer", "tokenizer.json", "save_pretrained(FOLDER)"]),
+    "export_dir under /proc": ([json.dumps(GOOD)], ["export=true", "export_dir=/proc/prunebench-tests/models"],
+                               ["export_dir='/proc/prunebench-tests/models'", "nothing can be written in /proc"]),
+    "export_dir under a file": ([json.dumps(GOOD)], ["export=true", "export_dir={tmp}/cases.jsonl/models"],
+                                ["cases.jsonl is a file, not a folder"]),
+    "seed not an integer for torch's generator": ([json.dumps(GOOD)], ["pruner=random", "seed=abc"],
+                                                  ["pruner='random' is misconfigured: pruner random: seed='abc'",
+                                                   "takes an integer"]),
+    "num_fewshot over the few-shot split": (None, ["model=tiny-llama", "task=lm_eval", "task.lm_eval=[arc_easy]",
+                                                   "pruner=none", "task.num_fewshot=3",
+                                                   "+task.data_files.arc_easy.test={tmp}/test.jsonl",
+                                                   "+task.data_files.arc_easy.train={tmp}/train.jsonl"],
+                                            ["lm-eval task arc_easy", "num_fewshot=3", "('train') holds 2 document(s)",
+                                             "use num_fewshot=2 or fewer"]),
 }
 # files a case writes beside its task file (under {tmp}, which its overrides name); None: a real PNG
 FILES = {"model.path an empty folder": {"empty/": None},
          "0-byte image": vizwiz({"a.png": None, "b.png": b""}),
          "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}
 
+def checkpoint(folder: Path, shards: int = 1, tokenizer: bool = True) -> list[Path]:
+    """A checkpoint folder as from_pretrained reads it (config.json, safetensors, maybe shards and their
+    index, a tokenizer); its weights are never loaded here, so they are a few zeros. Returns the weight files."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=64).save_pretrained(folder)
+    names = (["model.safetensors"] if shards == 1
+             else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)])
+    for i, name in enumerate(names):
+        save_file({f"w{i}": torch.zeros(256)}, folder / name)
+    if shards > 1:
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": {f"w{i}": name for i, name in enumerate(names)}}))
+    if tokenizer:
+        (folder / "tokenizer.json").write_text("{}")  # only its presence is looked at before loading
+    return [folder / name for name in names]
+
+
+def cut(path: Path) -> None:
+    """The file without its last 100 bytes: a download cut short."""
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def arc_files(tmp) -> None:
+    """ARC-Easy in the hub's schema: 3 test documents, 2 train documents (its few-shot split)."""
+    def arc(i: int) -> str:
+        return json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answerKey": "A",
+                           "choices": {"text": ["yes", "no"], "label": ["A", "B"]}})
+    (tmp / "test.jsonl").write_text("".join(arc(i) + "\n" for i in range(3)))
+    (tmp / "train.jsonl").write_text("".join(arc(i) + "\n" for i in (10, 11)))
+
+
 # cases whose files a test helper writes
-WRITERS = {"judge server refusing connections": write_vlm_data}
+WRITERS = {"judge server refusing connections": write_vlm_data,
+           "truncated model.safetensors": lambda tmp: cut(checkpoint(tmp / "ckpt")[0]),
+           "truncated shard": lambda tmp: cut(checkpoint(tmp / "ckpt", shards=2)[1]),
+           "shard missing": lambda tmp: checkpoint(tmp / "ckpt", shards=2)[0].unlink(),
+           "checkpoint without a tokenizer": lambda tmp: checkpoint(tmp / "ckpt", tokenizer=False),
+           "num_fewshot over the few-shot split": arc_files}
 
 
 def case_overrides(name: str, tmp) -> list[str]:
@@ -128,8 +191,8 @@ def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_m
         job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]))
     for word in CASES[name][2]:
         assert word in str(err.value), str(err.value)
-    experiment = mlflow.MlflowClient(store).get_experiment_by_name("prunebench")
-    assert experiment is None or not mlflow.MlflowClient(store).search_runs([experiment.experiment_id])
+    assert "\n" not in str(err.value), str(err.value)
+    assert_no_runs(store)
 
 
 def test_unknown_experiment_is_refused_like_an_unknown_task(store):
@@ -217,3 +280,85 @@ def test_a_generation_prompt_cut_to_leave_room_is_counted(tmp_path):
     data.setup("test")
     assert data.truncated == 1
     assert max(len(item.tokens) for batch in data.batches for item in batch) == 256 - 8
+
+
+def assert_no_runs(store: str) -> None:
+    experiment = mlflow.MlflowClient(store).get_experiment_by_name("prunebench")
+    assert experiment is None or not mlflow.MlflowClient(store).search_runs([experiment.experiment_id])
+
+
+def test_a_cache_that_cannot_be_written_is_refused_before_any_model_loads(store, tmp_path, no_model, monkeypatch):
+    monkeypatch.setenv("PRUNEBENCH_CACHE", "/proc/prunebench-tests/cache")
+    cfg = compose_cfg(mc(write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])))
+    with pytest.raises(ConfigError, match=r"^PRUNEBENCH_CACHE='/proc/prunebench-tests/cache': nothing can be written "
+                                          r"in /proc .*set PRUNEBENCH_CACHE to a folder this process can write"):
+        job.run(cfg)
+    assert_no_runs(store)
+
+
+def test_a_sound_checkpoint_folder_passes(tmp_path):
+    """The checks refuse only what from_pretrained would: sharded or not, with its tokenizer."""
+    from prunebench.models.checkpoint_folder import check_checkpoint_folder
+
+    checkpoint(tmp_path / "one")
+    checkpoint(tmp_path / "sharded", shards=3)
+    for folder in ("one", "sharded"):
+        check_checkpoint_folder(str(tmp_path / folder))
+    (tmp_path / "one" / "tokenizer.json").unlink()
+    check_checkpoint_folder(str(tmp_path / "one"), trust_remote_code=True)  # its own code may read its own files
+
+
+def test_legal_but_suspect_input_is_warned_about_once_and_the_job_runs(store, tmp_path, caplog):
+    """seed=abc (Python's random seeds with the string's SHA-512), a document id twice, a choice twice."""
+    docs = [{**GOOD, "id": "a"}, {**GOOD, "id": "b", "choices": ["4", "5", "4"]}, {**GOOD, "id": "a"}]
+    path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(d) for d in docs])
+    with caplog.at_level(logging.WARNING):
+        metrics = job.run(compose_cfg([*mc(path), "pruner=none", "seed=abc", "trainer.enable_progress_bar=false"]))
+    assert metrics["local_mc/n_docs"] == 3
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    seed = [m for m in warned if m.startswith("seed='abc' is not an integer")]
+    ids = [m for m in warned if "repeat the 'id' of an earlier one" in m]
+    choices = [m for m in warned if "list a choice twice" in m]
+    assert len(seed) == len(ids) == len(choices) == 1, warned
+    assert "SHA-512" in seed[0]
+    assert "task local_mc: 1 document(s)" in ids[0] and "'a' at documents 0 and 2" in ids[0], ids
+    assert "document 1: choices 0 and 2 are both '4'" in choices[0], choices
+
+
+def test_an_lm_eval_task_with_a_repeated_id_is_warned_about(tmp_path, caplog):
+    arc_files(tmp_path)
+    (tmp_path / "test.jsonl").write_text((tmp_path / "test.jsonl").read_text() * 2)
+    cfg = compose_cfg(["model=tiny-llama", "task=lm_eval", "task.lm_eval=[arc_easy]", "pruner=none",
+                       f"+task.data_files.arc_easy.test={tmp_path}/test.jsonl"])
+    with caplog.at_level(logging.WARNING, logger="prunebench.tasks.duplicates"):
+        validate(cfg)
+    assert [r.getMessage() for r in caplog.records] == [
+        "task arc_easy: 3 document(s) of lm-eval's test split repeat the 'id' of an earlier one ('q0' at documents 0 and "
+        "3; 'q1' at documents 1 and 4; 'q2' at documents 2 and 5); each copy is scored and counted: remove the "
+        "repeats if the file was read or joined twice"]
+
+
+def test_a_truncated_checkpoint_exits_2_with_one_line_and_no_run(store, tmp_path):
+    cut(checkpoint(tmp_path / "ckpt")[0])
+    path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])
+    proc = subprocess.run([sys.executable, "-m", "prunebench", *mc(path, "model=hf_causal", f"model.path={tmp_path}/ckpt",
+                                                                   "pruner=none")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("prunebench: invalid config: model.path="), proc.stderr[-2000:]
+    assert "model.safetensors (" in lines[0] and "cut short" in lines[0]
+    assert "HYDRA_FULL_ERROR" not in proc.stderr + proc.stdout
+    assert_no_runs(store)
+
+
+def test_an_unwritable_export_dir_refuses_the_sweep_once_before_any_job(store, tmp_path):
+    """Not each pruned job and its dense baseline evaluated, then failing at the write."""
+    path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *mc(path), "sparsity=0.3,0.5", "export=true",
+                           "export_dir=/proc/prunebench-tests/models", "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("export_dir='/proc/prunebench-tests/models': nothing can be written in /proc") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr[-2000:]
+    assert_no_runs(store)

@@ -112,7 +112,7 @@ def test_layers_bi_export_has_fewer_layers_and_fewer_parameters_by_the_block_rem
 
 
 def test_heads_his_export_pads_layers_with_fewer_heads_to_a_stock_shape(store, tmp_path, calib):
-    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=heads_his", *calib], tmp_path)
+    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=heads_his", "export_padded=true", *calib], tmp_path)
     after = pruning["structure"]["language"]["after"]
     config = json.loads((folder / "config.json").read_text())
     # global ranking leaves layers with different heads; each is stored with the most key/value heads
@@ -187,6 +187,8 @@ def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["export=yes"], "export='yes'"),
     (["export_dir=/tmp/x"], "export=false"),
+    (["export_padded=true"], "export_padded=true is set but export=false"),
+    (["export=true", "export_padded=maybe"], "export_padded='maybe'"),
     (["model=tiny-vit", "export=true"], "timm model"),
     (["model=tiny-mixtral", "pruner=moe_topk", "export=true"], "not its weights"),
 ])
@@ -202,7 +204,7 @@ def test_bad_export_options_fail_before_any_model_loads(overrides, message):
 def test_an_unwritable_export_dir_is_refused(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(ConfigError, match="is not a folder this process can write"):
+    with pytest.raises(ConfigError, match="file is a file, not a folder; give a folder this process can write"):
         from prunebench.validate import validate
 
         validate(compose_cfg([*TINY_MC, "export=true", f"export_dir={blocker / 'sub'}"]))
@@ -253,3 +255,41 @@ def test_bert_heads_are_padded_back_to_the_config_count(tmp_path):
     again = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
+
+
+def test_a_per_layer_export_whose_weights_differ_from_its_structure_fails_the_load_naming_the_tensor(tmp_path):
+    """The loader narrows each layer as pruning.json says, then loads strictly: a width that disagrees
+    with the stored tensor, or a tensor gone, fails naming it instead of running a re-initialised layer."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from prunebench.models.export import mark_layers, widths, write_pretrained
+    from prunebench.models.hf_causal import load_causal_lm
+    from prunebench.models.introspection import count_parameters
+    from prunebench.models.narrow import keep_neurons
+    from prunebench.models.tiny import load_tiny
+
+    loaded = load_tiny(**{k: v for k, v in compose_cfg(["model=tiny-llama"]).model.items() if k != "_target_"})
+    mark_layers(loaded.model)
+    before = widths(loaded.model)
+    keep_neurons(loaded.model.model.layers[1].mlp, torch.arange(0, 128, 2))  # layer 1: 64 of 128 neurons
+    pruning = write_pretrained(loaded, tmp_path, {}, before)
+    assert pruning["layout"] == "per_layer" and pruning["params_stored"] == count_parameters(loaded.model)
+    ids = torch.arange(1, 12)[None]
+    again = load_causal_lm(path=str(tmp_path), name="again").model
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
+
+    claimed = json.loads((tmp_path / "pruning.json").read_text())
+    claimed["structure"]["language"]["after"][1]["neurons"] = 32
+    (tmp_path / "pruning.json").write_text(json.dumps(claimed))
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_causal_lm(path=str(tmp_path), name="again")
+
+    claimed["structure"]["language"]["after"][1]["neurons"] = 64
+    (tmp_path / "pruning.json").write_text(json.dumps(claimed))
+    state = load_file(str(tmp_path / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k != "model.layers.1.mlp.down_proj.weight"},
+              str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"Missing key.*model\.layers\.1\.mlp\.down_proj\.weight"):
+        load_causal_lm(path=str(tmp_path), name="again")

@@ -259,14 +259,20 @@ def test_export_reloads_to_the_same_predictions_with_its_biases_and_fewer_parame
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters
 
-    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=flap", "sparsity=0.5", *calib], tmp_path)
+    pruned, _, folder, pruning = round_trip("tiny-llama", ["pruner=flap", "sparsity=0.5", *calib], tmp_path)
     config = json.loads((folder / "config.json").read_text())
     assert config["attention_bias"] and config["mlp_bias"]
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         assert f.get_tensor("model.layers.0.mlp.down_proj.bias").abs().max() > 0
         assert not f.get_tensor("model.layers.0.mlp.up_proj.bias").any()  # stated by mlp_bias, zero
+        stored_neurons = [f.get_slice(f"model.layers.{i}.mlp.up_proj.weight").get_shape()[0] for i in range(2)]
     after = pruning["structure"]["language"]["after"]
-    # the global ranking leaves the layers different widths: the padded case
-    assert len({layer["neurons"] for layer in after}) > 1 and pruning["padded"]
+    # the global ranking leaves the layers different widths, each stored at its own (not padded to the widest)
+    assert len({layer["neurons"] for layer in after}) > 1
+    assert pruning["layout"] == "per_layer" and not pruning["padded"]
+    assert stored_neurons == [layer["neurons"] for layer in after]
     assert config["intermediate_size"] == max(layer["neurons"] for layer in after)
+    # exactly the pruned model's parameters, and the zero biases attention_bias / mlp_bias state on q/k/v, gate/up
+    zero_biases = sum((layer["heads"] + 2 * layer["kv_heads"]) * config["head_dim"] + 2 * layer["neurons"] for layer in after)
+    assert pruning["params_stored"] - zero_biases == pruned.data.metrics["params/total"]
     assert pruning["params_stored"] < count_parameters(get_model(compose_cfg(["model=tiny-llama"]).model).model)

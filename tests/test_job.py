@@ -97,6 +97,7 @@ def test_failure_during_the_job_marks_the_run_failed_with_traceback(store):
 @pytest.mark.parametrize("override, message", [("sparsity=1.5", "sparsity=1.5"), ("task=nope", "task/nope"),
                                                # the store fixture's MLFLOW_TRACKING_URI is a SQLite file
                                                ("tracking=server", "tracking=server needs the server's address")])
+@pytest.mark.process
 def test_cli_rejects_bad_values_quickly(store, override, message):
     proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], override],
                           capture_output=True, text=True, timeout=120)
@@ -106,6 +107,7 @@ def test_cli_rejects_bad_values_quickly(store, override, message):
     assert df is None or "RUNNING" not in set(df.status)
 
 
+@pytest.mark.process
 def test_cli_multirun_sweeps_a_grid(store):
     proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *TINY_MC, "pruner=none,magnitude",
                            "sparsity=0.3,0.5"], capture_output=True, text=True, timeout=300)

@@ -245,14 +245,45 @@ def test_export_reloads_to_the_same_predictions_and_stores_fewer_parameters(stor
     assert pruning["params_stored"] < count_parameters(get_model(compose_cfg(["model=tiny-llama"]).model).model)
 
 
-def test_export_pads_the_layers_outside_the_range_to_one_stock_shape(store, tmp_path, calib):
+# the range leaves layer 0 whole (4 heads in 2 key/value groups, 128 neurons) and halves layer 1
+OUTSIDE_THE_RANGE = ["pruner=llm_pruner", "pruner.layer_range=index", "pruner.attention_layer_start=1",
+                     "pruner.mlp_layer_start=1"]
+
+
+def test_export_stores_the_layers_outside_the_range_whole_and_the_others_narrower(store, tmp_path, calib):
+    from safetensors import safe_open
     from test_export import round_trip
 
-    overrides = ["pruner=llm_pruner", "pruner.layer_range=index", "pruner.attention_layer_start=1",
-                 "pruner.mlp_layer_start=1", *calib]
-    _, _, folder, pruning = round_trip("tiny-llama", overrides, tmp_path)
+    from prunebench.models.cache import get_model
+    from prunebench.models.introspection import count_parameters
+
+    pruned, _, folder, pruning = round_trip("tiny-llama", [*OUTSIDE_THE_RANGE, *calib], tmp_path)
     after = pruning["structure"]["language"]["after"]
     assert [(layer["heads"], layer["kv_heads"], layer["neurons"]) for layer in after] == [(4, 2, 128), (2, 1, 64)]
     config = json.loads((folder / "config.json").read_text())
+    # the config states the widest layer (the whole one); layer 1 is stored at its own widths
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]) == (4, 2, 128)
-    assert pruning["padded"]
+    assert pruning["layout"] == "per_layer" and not pruning["padded"]
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    assert (shapes["model.layers.1.self_attn.k_proj.weight"], shapes["model.layers.1.mlp.up_proj.weight"]) == ((16, 64), (64, 64))
+    assert shapes["model.layers.0.mlp.up_proj.weight"] == (128, 64)
+    assert pruning["params_stored"] == pruned.data.metrics["params/total"]
+    assert pruning["params_stored"] < count_parameters(get_model(compose_cfg(["model=tiny-llama"]).model).model)
+
+
+def test_export_padded_is_a_stock_checkpoint_that_plain_transformers_loads(store, tmp_path, calib):
+    from test_export import round_trip
+
+    from prunebench.models.cache import get_model
+    from prunebench.models.introspection import count_parameters
+
+    # round_trip reloads it through model=hf_causal, which reads a stock folder with from_pretrained
+    _, _, folder, pruning = round_trip("tiny-llama", [*OUTSIDE_THE_RANGE, *calib, "export_padded=true"], tmp_path)
+    assert pruning["layout"] == "stock" and pruning["padded"]
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    attention, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert (attention.k_proj.out_features, mlp.up_proj.out_features) == (32, 128)  # padded to layer 0's widths
+    assert not mlp.up_proj.weight[64:].any() and not attention.k_proj.weight[16:].any()
+    # padded back to the widest layer, which the range left whole: the dense size
+    assert pruning["params_stored"] == count_parameters(get_model(compose_cfg(["model=tiny-llama"]).model).model)

@@ -340,6 +340,7 @@ def test_gemma_on_the_shared_data_equals_simple_evaluate(name, num_fewshot, limi
     assert_same(ours, records, module, task, out, depth=18)
 
 
+@pytest.mark.process
 def test_a_job_without_lm_eval_tasks_never_imports_lm_eval():
     """lm-eval is a dependency, imported only by a job that evaluates one of its tasks."""
     import subprocess
@@ -352,6 +353,7 @@ def test_a_job_without_lm_eval_tasks_never_imports_lm_eval():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=FIXTURES.parent.parent)
 
 
+@pytest.mark.process
 def test_a_hydra_multirun_sweeps_over_lm_eval_tasks(store):
     """`-m task=lm_eval task.lm_eval=boolq,rte`: one job per task, each named for its task."""
     import subprocess

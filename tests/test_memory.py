@@ -130,6 +130,7 @@ assert memory.peaks()["memory/peak_host_gb"] < before + 0.25
 """
 
 
+@pytest.mark.process
 def test_host_peak_is_reset_per_job_and_sees_an_allocation():
     # in a process of its own: what earlier tests left in this one's heap must not decide the result
     done = subprocess.run([sys.executable, "-c", HOST_PEAK], capture_output=True, text=True, timeout=120)

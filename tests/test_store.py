@@ -39,6 +39,7 @@ for i in range({RUNS_EACH}):
 """
 
 
+@pytest.mark.process
 def test_four_writers_on_a_fresh_sqlite_store_lose_nothing(tmp_path):
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"

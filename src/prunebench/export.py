@@ -64,13 +64,14 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
 
     run = MlflowClient().get_run(run_id)
     account = record(cfg, stats, run)
+    pad = bool(cfg.get("export_padded", False))
     if cfg.get("export_dir"):
         folder = Path(str(cfg.export_dir)).expanduser().resolve() / run_id
-        write_pretrained(loaded, folder, account, before)
+        write_pretrained(loaded, folder, account, before, pad)
         where = f"dir:{folder}"
     else:
         with tempfile.TemporaryDirectory(prefix="prunebench-export-") as tmp:
-            write_pretrained(loaded, Path(tmp), account, before)
+            write_pretrained(loaded, Path(tmp), account, before, pad)
             tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"]}
             where = "mlflow-model:" + log_folder(Path(tmp), run, tags)
     MlflowClient().set_tag(run_id, EXPORT_TAG, where)

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None,
                         help="write to DIR/<run id> and tag the run with the path (for large models); default: "
                              "an MLflow logged model of the run")
+    parser.add_argument("--padded", action="store_true",
+                        help="layers of different widths padded with zeros to one stock shape, which plain "
+                             "from_pretrained loads (export_padded=true); default: each at its own widths")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
     from prunebench.export import export_model
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{mlflow.get_tracking_uri()}: {err}", file=sys.stderr)
         return 2
     with open_dict(cfg):
-        cfg.export, cfg.export_dir = True, args.dir
+        cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
         check_export(cfg, get_class(cfg.pruner._target_))
     except ConfigError as err:

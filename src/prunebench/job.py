@@ -64,12 +64,9 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
 
 
 def quiet_libraries() -> None:
-    """Lightning sets its logger to INFO and turns its deprecation warnings on when it is imported,
-    which happens after Hydra configured the job's logging: apply that configuration again (with
-    hydra.verbose), and leave the libraries' deprecations and progress bars to them. Called when the
-    Hydra job starts and again once Lightning is loaded (`load_libraries`)."""
-    hydra_cfg = HydraConfig.get()
-    configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
+    """Leaves the libraries' deprecations and progress bars to them. Called when the Hydra job starts
+    (every launcher's `run_job` has just configured the job's logging) and again once Lightning is
+    loaded (`load_libraries`), which turns its deprecation warnings on when it is imported."""
     # their per-file "Loading weights" / "Map" bars would stand between our per-task bars; transformers
     # and datasets read their switches when first imported, which a job that never runs does not pay
     if "transformers" in sys.modules:
@@ -89,13 +86,20 @@ def quiet_libraries() -> None:
 
 def load_libraries() -> None:
     """Lightning (torchmetrics, torchvision, scipy and matplotlib with it) and transformers, 2-3 s of
-    imports, once a job is known to run; inside a Hydra job its logging is then applied again."""
+    imports, once a job is known to run. Lightning sets its logger to INFO when it is imported, after
+    Hydra configured the job's logging: inside a Hydra job that configuration (with hydra.verbose) is
+    then applied again, only by the job that imported them: not by a sweep's later jobs, which Hydra's
+    own configuration finds with Lightning loaded (some 0.03 s a time: `logging.config` clears every
+    logger's cache for each logger it sets)."""
+    imported = len(sys.modules)
     with collector.importing():
         skip_gpu_compiler()
         import lightning.pytorch  # noqa: F401
         import transformers  # noqa: F401
 
-    if HydraConfig.initialized():
+    if HydraConfig.initialized() and len(sys.modules) > imported:
+        hydra_cfg = HydraConfig.get()
+        configure_log(hydra_cfg.job_logging, hydra_cfg.verbose)
         quiet_libraries()
 
 

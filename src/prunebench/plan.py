@@ -107,9 +107,10 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
 
     jobs, by_key, dense, scored, finished = [], {}, {}, set(), {}
     for overrides in sweep_jobs(params, arguments):
+        deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)
         try:
             cfg = compose(overrides)
-            inputs = job_inputs(cfg, validate(cfg))
+            inputs = job_inputs(cfg, validate(cfg, deferred))
             key = run_key(cfg, inputs)
         except Exception as err:  # any reason a job cannot run is the plan's to show
             message = " ".join(str(err).split())
@@ -123,7 +124,7 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
             continue
         by_key[key] = len(jobs)
         jobs.append(PlannedJob(overrides, "done" if key in finished[where] else "left",
-                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}"))
+                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}", note="; ".join(deferred)))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
             dense.setdefault(dense_key(cfg, inputs), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
     for key, (cfg, where, serves) in dense.items():

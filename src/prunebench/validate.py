@@ -7,24 +7,30 @@ import difflib
 import functools
 import importlib.util
 import inspect
-import os
+import logging
 from pathlib import Path
 
+from hydra.errors import InstantiationException
 from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.api.task_keys import task_names
+from prunebench.cache import check_cache, check_writable
 from prunebench.calibration import LabelledCalibration
 from prunebench.evaluation.numerics import lm_eval_rows
+from prunebench.models.checkpoint_folder import check_checkpoint_folder
 from prunebench.models.introspection import TOWERS
+from prunebench.models.loaded import DTYPES
 from prunebench.models.pretrained import POSITION_KEYS, checkpoint_config, position_limit
 from prunebench.paths import CONF_DIR
+from prunebench.pruners.base import torch_seed
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
 from prunebench.tracking.store import check_uri, tracking_uri
 
+log = logging.getLogger(__name__)
 
 # accelerate's named placements (a {module: device} mapping is accepted as it is)
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -102,6 +108,12 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
         raise ConfigError(f"export={export!r}: use true (write the pruned model, docs/export.md) or false")
     if folder is not None and not export:
         raise ConfigError(f"export_dir={folder!r} is set but export=false; add export=true to write the model there")
+    padded = cfg.get("export_padded", False)
+    if not isinstance(padded, bool):
+        raise ConfigError(f"export_padded={padded!r}: use false (layers of different widths stored at their own, "
+                          f"for prunebench's loader) or true (padded to one stock shape for plain from_pretrained)")
+    if padded and not export:
+        raise ConfigError("export_padded=true is set but export=false; add export=true to write the model")
     if not export:
         return
     if cfg.model.family == "vision":
@@ -111,27 +123,95 @@ def check_export(cfg: DictConfig, pruner_cls) -> None:
         reason = pruner_cls.export_refusal or ("changes how the model runs, not its weights, so there is no pruned "
                                                "checkpoint to write")
         raise ConfigError(f"export=true: pruner={cfg.pruner.name!r} {reason}; set export=false")
-    if folder is not None:
-        path = Path(str(folder)).expanduser().resolve()
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise ConfigError(f"export_dir={folder!r}: {existing} is not a folder this process can write; "
-                              f"give a writable folder (the model goes to <export_dir>/<run id>)")
+    check_export_dir(cfg)
 
 
-def stated_config(model_cfg: DictConfig):
+def check_export_dir(cfg: DictConfig) -> None:
+    """With export=true, export_dir must be a folder this process can make and write (`check_writable`
+    tries it), or the job would evaluate the model, and its dense baseline, before failing at the write."""
+    folder = cfg.get("export_dir")
+    if cfg.get("export") is not True or folder is None:
+        return
+    try:
+        check_writable(Path(str(folder)).expanduser().resolve())
+    except OSError as err:
+        raise ConfigError(f"export_dir={folder!r}: {err}; give a folder this process can write (the model goes "
+                          f"to <export_dir>/<run id>)") from None
+
+
+def check_sweep(cfg: DictConfig) -> None:
+    """What every job of a sweep shares, checked once before the sweep makes its parent run or starts a
+    job (tracking/sweep.py calls it), so it is refused once rather than recorded FAILED for every job:
+    the export folder and the prunebench cache."""
+    check_export_dir(cfg)
+    check_cache_root()
+
+
+def check_cache_root() -> None:
+    try:
+        check_cache()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_dtype(model_cfg: DictConfig) -> None:
+    """A loader resolves model.dtype only once it runs (models/loaded.py), after the store has a run."""
+    if "dtype" not in model_cfg:
+        return
+    dtype = model_cfg.dtype
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ConfigError(f"model.dtype={dtype!r} is not a dtype the models load in; use one of "
+                          f"{['auto', *sorted(DTYPES)]} (auto: bf16 where the hardware computes it natively)")
+
+
+def warn_seed(seed) -> None:
+    """`seed` reaches Python's random.Random (calibration draws, MoP's L/G sequence, labelled
+    batches), which takes a string or a float too and makes a seed of its own from it; torch's and
+    numpy's generators (pruner=random, heads_random, the benchmarks' inputs) take only an integer,
+    and those are refused (`pruners.base.torch_seed`)."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return
+    if seed is None:
+        becomes = "seeds from the operating system's randomness, so no two runs draw alike"
+    elif isinstance(seed, str):
+        becomes = "seeds with the integer of the string's bytes and their SHA-512: repeatable, but no integer seed's draws"
+    elif isinstance(seed, (bool, float)):
+        becomes = f"seeds with hash({seed!r}) = {hash(seed)}"
+    else:
+        raise ConfigError(f"seed={seed!r}: use an integer, such as seed=0")
+    log.warning("seed=%r is not an integer: random.Random, which draws calibration samples (and MoP's L/G steps) "
+                "with it, %s; use an integer, such as seed=0", seed, becomes)
+
+
+def check_model_folder(model_cfg: DictConfig) -> None:
+    """A local checkpoint folder's weights and tokenizer (models/checkpoint_folder.py); a hub id's
+    files are not looked at here."""
+    if "path" not in model_cfg or "revision" not in model_cfg or OmegaConf.is_missing(model_cfg, "path"):
+        return
+    try:
+        check_checkpoint_folder(str(model_cfg.path), bool(model_cfg.get("trust_remote_code")))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def stated_config(model_cfg: DictConfig, deferred: list[str] | None = None):
     """The model's (language) config without loading it: a tiny model's own, as a dict; a checkpoint's
     config.json, which `checkpoint_config` reads, refusing a missing or empty model.path on the way.
-    None: not known here."""
+    None: not known here. `deferred` (a plan's): the hub is not asked, and a hub id whose config.json
+    is not in the local cache is named there, its checks left to the job's start."""
     config = model_cfg.get("text_config") or model_cfg.get("config")
     if "path" in model_cfg and "revision" in model_cfg:  # the from_pretrained loaders (hf_causal, hf_vlm, hf_classifier)
         if OmegaConf.is_missing(model_cfg, "path"):
             raise ConfigError(f"model={model_cfg.get('_target_', '').rsplit('.', 1)[-1]} needs model.path=<hub id "
                               f"(org/name) or a local checkpoint folder holding config.json>")
         try:
-            config = checkpoint_config(str(model_cfg.path), model_cfg.revision, bool(model_cfg.get("trust_remote_code")))
+            config = checkpoint_config(str(model_cfg.path), model_cfg.revision, bool(model_cfg.get("trust_remote_code")),
+                                       local_only=deferred is not None)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if config is None:
+            deferred.append(f"model.path={model_cfg.path}: config.json not in the local Hugging Face cache, "
+                            f"its checks run when the job starts")
     if config is None and model_cfg.get("_target_"):  # a preset's loader may state its architecture (gemma_gguf)
         config = getattr(get_method(model_cfg._target_), "stated_config", None)
     return OmegaConf.to_container(config) if OmegaConf.is_config(config) else config
@@ -223,8 +303,10 @@ def describe_kind(task) -> str:
     return f"{task.kind} requests" + (" with images" if reads_images(task) else "")
 
 
-def validate(cfg: DictConfig) -> dict:
-    """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked)."""
+def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
+    """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked).
+    `deferred`: given by a plan, which must print in seconds whatever the network does, so nothing is
+    asked of the hub; the checks that need a hub file not in the local cache are named there instead."""
     check_root_keys(cfg)
     check_uri(tracking_uri(cfg.tracking.uri))
     ratio = cfg.sparsity
@@ -238,6 +320,8 @@ def validate(cfg: DictConfig) -> dict:
     if data_dir is not None and not Path(str(data_dir)).expanduser().is_dir():
         raise ConfigError(f"data_dir={data_dir!r} is not a folder; it holds benchmark files in the README's "
                           f"layout (arc/ARC-Easy-Test.jsonl, piqa/valid.jsonl, ...), or null reads the hub")
+    check_cache_root()
+    warn_seed(cfg.get("seed"))
     try:
         pruner_cls = get_class(cfg.pruner._target_)
     except Exception as err:
@@ -247,6 +331,7 @@ def validate(cfg: DictConfig) -> dict:
                           f"(family {cfg.model.family!r}); it supports: {sorted(pruner_cls.families)}")
     check_tower(cfg, pruner_cls)
     check_device_map(cfg.model)
+    check_dtype(cfg.model)
     check_export(cfg, pruner_cls)
     server.check(cfg.tracking)
     try:
@@ -254,15 +339,18 @@ def validate(cfg: DictConfig) -> dict:
         if float(ratio) > 0:
             pruner.check(float(ratio))
     except Exception as err:
-        raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {err}") from err
+        # the pruner's own words, not Hydra's wrapping of them ("Error in call to target ...", full_key)
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ is not None else err
+        raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {cause}") from err
     if not task_names(cfg.task):
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     try:
         lm_eval_rows(cfg.get("eval") or {})
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    config = stated_config(cfg.model)  # a checkpoint's config.json, read once for both checks
-    context = model_context(cfg.model, config)
+    config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for both checks
+    check_model_folder(cfg.model)
+    context = model_context(cfg.model, {} if config is None else config)  # {}: not read a second time
     if float(ratio) > 0:
         try:
             pruner.check_config(config, float(ratio))
@@ -279,6 +367,11 @@ def validate(cfg: DictConfig) -> dict:
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)
+        try:
+            if "seed" in options:  # its generated prompts and pictures
+                torch_seed(f"bench={cfg.bench.name!r}", options["seed"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         try:
             bench = instantiate(options)
         except Exception as err:

@@ -106,6 +106,10 @@ class Heads:
     def _slice(self, q_kept: list[int], kv_kept: list[int]) -> None:
         raise NotImplementedError
 
+    def narrow(self, n_heads: int, n_kv_heads: int) -> None:
+        """The module cut to its first heads, to take weights stored at that width (models/narrow.py)."""
+        self._slice(list(range(n_heads)), list(range(n_kv_heads)))
+
     def probe(self, sink) -> torch.utils.hooks.RemovableHandle:
         """Hook that hands this module's attention probabilities [batch, heads, query, key] to
         `sink(layer, probs)`; the probabilities exist only under `eager_attention`."""

@@ -1,19 +1,24 @@
-"""A pruned model as a Hugging Face folder that `from_pretrained` loads without remote code.
+"""A pruned model as a Hugging Face folder, loaded without remote code.
 
 What a stock config can state is written smaller: the structured pruners already slice removed
 layers, heads and MLP neurons out and, where every layer keeps the same widths, write the counts
-into the config (pruners/layers.py, models/attention.sync_config, pruners/width.py). What a config
-cannot state is written at a shape it can state, padded with zeros that add exactly nothing:
-- decoder layers left with different head counts (heads ranked across the whole model): every
-  layer padded to the widest layer's query heads per key/value head and key/value heads;
-- a CLIP or BERT tower's sliced heads (their config derives the head size from hidden_size and the
-  head count, so it cannot state fewer): padded back to the config's count;
-- decoder MLPs left with different widths (FLAP's adaptive structures): every MLP padded to the
-  widest one's neurons;
-- biases a pruner added to o_proj / down_proj (FLAP's compensation): the config's attention_bias /
-  mlp_bias set, the other projections' biases written as zeros.
-Unstructured and N:M sparsity are dense tensors with zeros, as Wanda's and SparseGPT's code saves
-them. `pruning.json` says which of these applies, and what was removed where."""
+into the config (pruners/layers.py, models/attention.sync_config, pruners/width.py). Decoder layers
+left with different widths (heads ranked across the whole model, FLAP's adaptive structures,
+LLM-Pruner's layer range) are stored at their own widths by default, the config stating the widest
+(pruning.json's `layout: per_layer`, which prunebench's loader rebuilds: models/narrow.py), so the
+folder is as small as the pruned model; padding them would store about the dense size. With
+`pad` (export_padded=true), and always for a vision-language model (its loader builds the config's
+shapes), they are written at a shape the config states, padded with zeros that add exactly nothing,
+which plain `from_pretrained` loads:
+- decoder layers left with different head counts: every layer padded to the widest layer's query
+  heads per key/value head and key/value heads;
+- decoder MLPs left with different widths: every MLP padded to the widest one's neurons.
+Always padded: a CLIP or BERT tower's sliced heads (their config derives the head size from
+hidden_size and the head count, so it cannot state fewer), back to the config's count. Biases a
+pruner added to o_proj / down_proj (FLAP's compensation): the config's attention_bias / mlp_bias
+set, the other projections' biases written as zeros. Unstructured and N:M sparsity are dense
+tensors with zeros, as Wanda's and SparseGPT's code saves them. `pruning.json` says which of these
+applies, and what was removed where."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from torch import nn
 
 from prunebench.models.attention import Heads, attention_heads, head_index, heads_adapter
 from prunebench.models.introspection import count_parameters, is_composite, transformer_blocks
+from prunebench.models.narrow import PER_LAYER, block_mlp, narrow_layers
 
 # set on each language-model block before pruning: an attribute survives the copies a pruner makes
 # (MoP's trial steps), so the export can name the original layers that were removed
@@ -49,11 +55,11 @@ def widths(model: nn.Module) -> dict[str, list[dict]]:
     out = {"language": []}
     for position, block in enumerate(transformer_blocks(model)[1]):
         found = [adapter(0, m) for m in block.modules() if (adapter := heads_adapter(m))]
-        mlps = [m.down_proj.in_features for m in block.modules() if isinstance(getattr(m, "down_proj", None), nn.Linear)]
+        mlp = block_mlp(block)
         entry = {"layer": getattr(block, LAYER_MARK, position)}
         if found:
             entry.update(heads=found[0].n_heads, kv_heads=found[0].n_kv_heads)
-        entry["neurons"] = mlps[0] if mlps else None
+        entry["neurons"] = mlp.down_proj.in_features if mlp is not None else None
         out["language"].append(entry)
     if "vision" in towers(model):
         out["vision"] = [{"layer": h.layer, "heads": h.n_heads} for h in attention_heads(model, "vision")]
@@ -102,8 +108,15 @@ def padded(heads: Heads, n_heads: int, n_kv_heads: int, names: dict[int, str]) -
     return out
 
 
-def stated_heads(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
-    """(state-dict entries replaced by padded ones, config fields per tower, notes for pruning.json)."""
+def per_layer_note(part: str, uneven: int, total: int, widest: str) -> str:
+    return (f"language {part}: {uneven} of {total} layers keep fewer {widest.split()[-1]} than the config states "
+            f"({widest}, the widest layer's); each is stored at its own (layout {PER_LAYER}): prunebench's loader "
+            f"narrows it as `structure` says, plain from_pretrained refuses the folder (export_padded=true pads them)")
+
+
+def stated_heads(model: nn.Module, pad: bool) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
+    """(state-dict entries replaced by padded ones, config fields per tower, notes for pruning.json).
+    `pad=False`: decoder layers with fewer heads keep their own count (the config states the widest)."""
     names = {id(m): name for name, m in model.named_modules()}
     tensors, fields, notes = {}, {}, []
     for tower in towers(model):
@@ -116,6 +129,9 @@ def stated_heads(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, d
             count = sub_config(model.config, tower).num_attention_heads
             target = (count, count)
         uneven = [h for h in heads if (h.n_heads, h.n_kv_heads) != target]
+        if uneven and not pad and tower in fields:
+            notes.append(per_layer_note("attention", len(uneven), len(heads), f"{target[0]} query and {target[1]} key/value heads"))
+            continue
         for h in uneven:
             tensors.update(padded(h, *target, names))
         if uneven:
@@ -138,16 +154,19 @@ def widened(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat([tensor.detach(), tensor.detach().new_zeros(shape)], dim)
 
 
-def stated_neurons(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
+def stated_neurons(model: nn.Module, pad: bool) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
     """Decoder MLPs left with different widths (neurons ranked across the whole model, as FLAP's
     adaptive structures), each stored at the widest one's: the added neurons have zero gate/up rows
-    and zero down_proj columns, so they add exactly nothing. Same returns as `stated_heads`."""
+    and zero down_proj columns, so they add exactly nothing. Same returns and `pad` as `stated_heads`."""
     names = {id(m): name for name, m in model.named_modules()}
     mlps = block_mlps(model)
     widest = max((m.down_proj.in_features for m in mlps), default=0)
     uneven = [m for m in mlps if m.down_proj.in_features != widest]
     if not uneven:
         return {}, {}, []
+    if not pad:
+        return {}, {"language": {"intermediate_size": widest}}, [
+            per_layer_note("MLP", len(uneven), len(mlps), f"{widest} neurons")]
     tensors = {}
     for mlp in uneven:
         for proj, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
@@ -190,30 +209,36 @@ def stated_biases(model: nn.Module, state: dict[str, torch.Tensor], config) -> t
     return tensors, notes
 
 
-def check_shapes(model: nn.Module, config, state: dict[str, torch.Tensor]) -> None:
+def check_shapes(model: nn.Module, config, state: dict[str, torch.Tensor], layers: list[dict] | None) -> list[int]:
     """Every tensor has the shape the written config builds (the architecture built on the meta
-    device, no memory): a mismatch would only surface when someone loads the folder."""
+    device, no memory), with each layer narrowed to its widths in `layers` as the loader narrows it
+    (None: padded, the config's shapes): a mismatch would only surface when someone loads the
+    folder. Returns the positions of the layers stored narrower than the config states."""
     with torch.device("meta"):
         reference = type(model)(config)
+        narrowed = narrow_layers(reference, layers) if layers is not None else []
     expected = {key: tuple(t.shape) for key, t in reference.state_dict().items()}
     wrong = [f"{key}: {tuple(t.shape)}, config gives {expected.get(key)}"
              for key, t in state.items() if expected.get(key) != tuple(t.shape)]
     if wrong:
         raise ValueError(f"the pruned {type(model).__name__} has shapes its config cannot state, so it cannot be "
                          f"exported as a Hugging Face folder ({len(wrong)} tensors): " + "; ".join(wrong[:5]))
+    return narrowed
 
 
-def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[dict]]) -> dict:
+def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[dict]], pad: bool = False) -> dict:
     """Writes `loaded` (pruned) into `folder`: safetensors, config.json, generation config,
     tokenizer or processor, and pruning.json (`record` plus structure, dtype and notes). `before`:
-    `widths` of the model before pruning. Returns what pruning.json holds."""
+    `widths` of the model before pruning. `pad` (export_padded): layers of uneven widths padded to
+    the config's stock shape instead of stored at their own. Returns what pruning.json holds."""
     from transformers import PreTrainedModel
 
     model = loaded.model
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"{type(model).__name__} is not a Hugging Face model: export writes a from_pretrained folder")
-    tensors, fields, notes = stated_heads(model)
-    mlp_tensors, mlp_fields, mlp_notes = stated_neurons(model)
+    pad = pad or is_composite(model)  # the vision-language loader (models/vlm.py) builds the config's shapes
+    tensors, fields, notes = stated_heads(model, pad)
+    mlp_tensors, mlp_fields, mlp_notes = stated_neurons(model, pad)
     tensors, notes = {**tensors, **mlp_tensors}, notes + mlp_notes
     for tower, values in mlp_fields.items():
         fields.setdefault(tower, {}).update(values)
@@ -224,19 +249,21 @@ def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[
     state = {**model.state_dict(), **tensors}
     biases, bias_notes = stated_biases(model, state, config)
     state.update(biases)
-    check_shapes(model, config, state)
+    after = widths(model)
+    narrowed = check_shapes(model, config, state, None if pad else after["language"])
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, state_dict=state)
-    config.save_pretrained(folder)  # the padded head counts, where any layer was padded
+    config.save_pretrained(folder)  # the widest layer's head counts and neurons, where layers differ
     (loaded.processor or loaded.tokenizer).save_pretrained(folder)
     pruning = {**record, "dtype": str(model.dtype).removeprefix("torch."), "params_stored": stored_parameters(folder),
                "params_nonzero": count_parameters(model, nonzero=True),
-               "structure": structure(before, widths(model)),
-               # a layer padded with zero heads or neurons is in `notes`; everything else is at its pruned shape
-               "padded": bool(notes),
+               "structure": structure(before, after),
+               # per_layer: some layer is narrower than config.json states, and only prunebench's loader narrows it
+               "layout": PER_LAYER if narrowed else "stock",
+               "padded": bool(tensors),  # some layer stored with all-zero heads or neurons
                "storage": [*notes, *bias_notes, "removed layers are gone, and so are heads and MLP neurons wherever every layer "
-                                   "keeps the same number; pruned single weights (unstructured, N:M) are zeros in "
-                                   "dense tensors"]}
+                                   "keeps the same number or the layout is per_layer; pruned single weights "
+                                   "(unstructured, N:M) are zeros in dense tensors"]}
     (folder / "pruning.json").write_text(json.dumps(pruning, indent=2) + "\n")
     return pruning
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prunebench.models.loaded import LoadedModel, model_max_length, placed, resolve_dtype
 from prunebench.models.lean import lean_tokenizer, load_widened
+from prunebench.models.narrow import load_narrowed
 
 
 def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: str = "float32",
@@ -18,10 +19,11 @@ def load_causal_lm(*, path: str, name: str, family: str = "causal_lm", dtype: st
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
 
     def read():
+        # an export whose layers keep widths of their own is narrowed before its weights load (models/narrow.py);
         # a local half-precision checkpoint read at fp32 is widened a slice at a time (models/lean.py)
-        lean = (None if device_map or trust_remote_code or revision
-                else load_widened(path, kwargs["dtype"], **extra))
-        model = lean or AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs, **extra)
+        model = (load_narrowed(path, kwargs["dtype"], device_map, **extra)
+                 or (None if device_map or trust_remote_code or revision else load_widened(path, kwargs["dtype"], **extra))
+                 or AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **kwargs, **extra))
         return placed(model, device, device_map)
 
     # the tokenizer first: what its loading leaves freed is returned before the weights arrive

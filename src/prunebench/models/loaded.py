@@ -109,14 +109,17 @@ def placed(model: torch.nn.Module, device: str, device_map: str | dict | None) -
     return (model if device_map else model.to(device)).eval()
 
 
+# model.dtype's names (besides `auto`, which api/model_keys.run_dtype resolves to one of them)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    valid = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in valid:
-        raise ValueError(f"model.dtype={dtype!r} is not supported; use one of {sorted(valid)}")
-    return valid[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def model_max_length(config, tokenizer, override: int | None = None) -> int:

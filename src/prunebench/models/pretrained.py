@@ -12,11 +12,13 @@ HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # lm-eval HFLM.max_length's order
 
 
-def checkpoint_config(path: str, revision: str | None = None, trust_remote_code: bool = False):
+def checkpoint_config(path: str, revision: str | None = None, trust_remote_code: bool = False,
+                      local_only: bool = False):
     """The checkpoint's transformers config; ValueError naming what was looked for (config.json, in
-    which folder or hub repository) and whether `path` was taken as a folder or a hub id."""
+    which folder or hub repository) and whether `path` was taken as a folder or a hub id. The hub is
+    asked at most once (`unreachable`); `local_only` (a plan) never asks it, and returns None for a
+    hub id whose config.json is not in the Hugging Face cache."""
     from huggingface_hub import constants, try_to_load_from_cache
-    from transformers import AutoConfig
 
     local = Path(path).expanduser()
     if local.is_dir():
@@ -33,12 +35,51 @@ def checkpoint_config(path: str, revision: str | None = None, trust_remote_code:
                          f"and not of a hub id's shape (org/name); point it at a checkpoint folder or a hub id")
     else:
         taken = "a hub id (no local folder of that name exists)"
-        if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(path, "config.json", revision=revision), str):
+        cached = isinstance(try_to_load_from_cache(path, "config.json", revision=revision), str)
+        if constants.HF_HUB_OFFLINE and not cached:
             raise ValueError(f"model.path={path!r} is no local folder, so it was taken as a hub id; its config.json "
                              f"is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 forbids "
                              f"asking the hub: download it where the hub is reachable, or point model.path at a local folder")
+        if local_only and not cached:
+            return None
+        reason = None if local_only or constants.HF_HUB_OFFLINE else unreachable(path, revision)
+        if reason and not cached:
+            raise ValueError(f"model.path={path!r} is no local folder, so it was taken as a hub id, but the hub "
+                             f"({constants.ENDPOINT}) was not reached by one request for its config.json ({reason}; "
+                             f"timeout HF_HUB_ETAG_TIMEOUT={constants.HF_HUB_ETAG_TIMEOUT} s) and the Hugging Face "
+                             f"cache ({constants.HF_HUB_CACHE}) holds none; without network, download the model where "
+                             f"the hub is reachable and set HF_HUB_OFFLINE=1, or point model.path=FOLDER at a local "
+                             f"checkpoint folder")
+        if reason or local_only:  # the cached copy, without a second request
+            return read_config(path, revision, trust_remote_code, taken, local_files_only=True)
+    return read_config(path, revision, trust_remote_code, taken)
+
+
+def unreachable(path: str, revision: str | None) -> str | None:
+    """Why the hub did not answer one HEAD for the hub id's config.json (no retries, the timeout
+    HF_HUB_ETAG_TIMEOUT); None when it answered, an error such as 404 included (AutoConfig then
+    reports it). Asked here because huggingface_hub, when its first request fails and no copy is
+    cached, retries five more times with 60 s timeouts (file_download.py): minutes without network."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
+
     try:
-        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        get_hf_file_metadata(hf_hub_url(path, "config.json", revision=revision), timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except HfHubHTTPError as err:  # an answer; a server error or a rate limit is one huggingface_hub would retry
+        status = err.response.status_code
+        return f"HTTP {status}" if status >= 500 or status in (408, 429) else None
+    except Exception as err:  # no answer: refused, reset, timed out, a name that does not resolve
+        text = " ".join(str(err).split())
+        return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+    return None
+
+
+def read_config(path: str, revision: str | None, trust_remote_code: bool, taken: str, local_files_only: bool = False):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code,
+                                          local_files_only=local_files_only)
     except (OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"model.path={path!r}, taken as {taken}: its config.json could not be read ({reason})") from None

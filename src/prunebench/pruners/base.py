@@ -14,6 +14,14 @@ def tower_hint(scope) -> str:
             if scope in TOWERS else "")
 
 
+def torch_seed(owner: str, seed) -> int:
+    """`seed` for torch's or numpy's generator, which take only an integer (Python's random takes a
+    string too, validate.warn_seed); ValueError naming `owner`, the option that seeds it."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{owner}: seed={seed!r} seeds torch's or numpy's generator, which takes an integer (seed=0)")
+    return seed
+
+
 class Pruner:
     """A scorer plus how its scores become a pruned model.
 

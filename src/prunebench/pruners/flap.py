@@ -24,8 +24,9 @@ from torch import nn
 
 from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.narrow import IN_PROJS, keep_neurons
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
-from prunebench.pruners.width import IN_PROJS, keep_neurons, mlp_modules, sync_intermediate
+from prunebench.pruners.width import mlp_modules, sync_intermediate
 
 METRICS = ("IFV", "WIFV", "WIFN")  # input fluctuation, weighted by |W column|^2, weighted input norm
 STRUCTURES = ("AL-AM", "AL-MM", "UL-UM", "UL-MM")

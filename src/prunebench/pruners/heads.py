@@ -16,7 +16,7 @@ import torch
 from prunebench.models.attention import Heads, attention_heads, eager_attention, head_gates, sync_config
 from prunebench.models.introspection import TOWERS
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.base import tower_hint
+from prunebench.pruners.base import torch_seed, tower_hint
 from prunebench.pruners.structured import (StructuredPruner, calibration_batches, differentiable_only, model_loss,
                                           observe)
 
@@ -278,7 +278,7 @@ class RandomHeadPruner(HeadPruner):
 
     def __init__(self, name: str = "heads_random", seed: int = 0, **kwargs):
         super().__init__(name, **kwargs)
-        self.seed = seed
+        self.seed = torch_seed(f"pruner {name}", seed)
 
     def score(self, loaded: LoadedModel, calib=None):
         generator = torch.Generator().manual_seed(self.seed)

@@ -17,8 +17,9 @@ from torch import nn
 
 from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.narrow import IN_PROJS, keep_neurons
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, differentiable_only, model_loss
-from prunebench.pruners.width import IN_PROJS, keep_neurons, mlp_modules, sync_intermediate
+from prunebench.pruners.width import mlp_modules, sync_intermediate
 
 # the release's `--taylor`: element-wise first order (the README's command), vector-wise first order,
 # element-wise second order (diagonal Fisher: mean squared per-sample gradient), and first - 0.5 second

@@ -32,9 +32,10 @@ import torch
 from prunebench.models.attention import attention_heads
 from prunebench.models.introspection import count_parameters, transformer_blocks
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.narrow import IN_PROJS
 from prunebench.pruners.layers import remove_layers
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, model_loss
-from prunebench.pruners.width import AVERAGES, IN_PROJS, amp_scores, kept, mlp_modules, prune_width, width_of
+from prunebench.pruners.width import AVERAGES, amp_scores, kept, mlp_modules, prune_width, width_of
 
 SELECTORS = ("random", "perplexity")
 G_RULES = ("fixed", "released")

@@ -15,7 +15,7 @@ import torch
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
-from prunebench.pruners.base import Pruner, tower_hint
+from prunebench.pruners.base import Pruner, torch_seed, tower_hint
 from prunebench.pruners.masks import MASK_RULES, lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 from prunebench.pruners.structured import calibration_batches
@@ -130,7 +130,7 @@ class RandomPruner(UnstructuredPruner):
 
     def __init__(self, name: str = "random", seed: int = 0, **options):
         super().__init__(name, **options)
-        self.seed = seed
+        self.seed = torch_seed(f"pruner {name}", seed)
 
     def importance(self, targets, scores):
         gen = torch.Generator().manual_seed(self.seed)

@@ -10,14 +10,13 @@ from contextlib import ExitStack
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import prune_linear_layer
 
 from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.introspection import tower_config, tower_modules
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.narrow import keep_neurons
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 
-IN_PROJS = ("gate_proj", "up_proj")
 # how calibration statistics are averaged: over all tokens, or per batch (MoP's released prompts)
 AVERAGES = ("token", "batch")
 
@@ -30,16 +29,6 @@ def mlp_modules(model: nn.Module) -> list[nn.Module]:
     if not found:
         raise ValueError(f"{type(model).__name__} has no up_proj/down_proj MLP that width pruning supports")
     return found
-
-
-@torch.no_grad()
-def keep_neurons(mlp: nn.Module, kept: torch.Tensor) -> None:
-    for name in IN_PROJS:
-        if isinstance(getattr(mlp, name, None), nn.Linear):
-            setattr(mlp, name, prune_linear_layer(getattr(mlp, name), kept, dim=0))
-    mlp.down_proj = prune_linear_layer(mlp.down_proj, kept, dim=1)
-    if hasattr(mlp, "intermediate_size"):
-        mlp.intermediate_size = len(kept)
 
 
 @torch.no_grad()

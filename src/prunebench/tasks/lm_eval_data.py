@@ -91,18 +91,16 @@ class LocalData:
                              f"does not place; give its files: task.data_files.{name}={{split: FILE}}")
         files = {}
         for split, entry in splits.items():
-            # a split may name alternatives (the release's file, then a copy in another format): the first present
-            candidates = [f.format(name=subset) for f in ([entry["file"]] if isinstance(entry["file"], str) else entry["file"])]
-            sources = [BenchmarkSource(hub=None, split=split, file=f, data_dir=self.data_dir,
-                                       **({"reader": entry["reader"]} if "reader" in entry else {})) for f in candidates]
-            present = [s for s in sources if s.location().is_file()]
-            if not present:
+            names = [f.format(name=subset) for f in ([entry["file"]] if isinstance(entry["file"], str) else entry["file"])]
+            source = BenchmarkSource(hub=None, split=split, file=names, data_dir=self.data_dir,
+                                     **({"reader": entry["reader"]} if "reader" in entry else {}))
+            where = source.location()
+            if not where.is_file():
                 if split in needed:
-                    raise FileNotFoundError(f"{name}: data file {' or '.join(repr(str(s.location())) for s in sources)}"
-                                            f" (data_dir={self.data_dir!r} + {' or '.join(map(repr, candidates))},"
-                                            f" split {split}) does not exist")
+                    raise FileNotFoundError(f"{name}: data file {source.sought()!r} (data_dir={self.data_dir!r}"
+                                            f" + {source.file!r}, split {split}) does not exist")
                 continue
-            files[split] = self._converted(present[0], present[0].location())
+            files[split] = self._converted(source, where)
         return self._json(cfg, files)
 
     def _converted(self, source: BenchmarkSource, where: Path) -> str:

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from prunebench.api.requests import (GENERATE_UNTIL, LOGLIKELIHOOD, Document, GenerateUntil, Loglikelihood,
                                      RollingText)
+from prunebench.tasks.duplicates import warn_duplicate_ids
 from prunebench.tasks.lm_eval_data import LocalData, local_factory
 
 # lm-eval's output types -> the request kind our engines answer them as (multiple_choice is
@@ -107,8 +108,12 @@ class LmEvalTask:
             raise ValueError(f"lm-eval {self.lm_eval_name}: its tasks' output types {sorted({t.get_config('output_type') for t in self.leaves.values()})} "
                              f"are not one request kind prunebench answers ({sorted(KINDS)}); list its tasks separately")
         self.kind = next(iter(kinds.values()))
-        for task in self.leaves.values():
+        for leaf, task in self.leaves.items():
             self._configure(task)
+            self._check_fewshot(leaf, task)
+            split = task.config.test_split or task.config.validation_split
+            if split in (getattr(task, "dataset", None) or {}):  # as read: its process_docs would run again
+                warn_duplicate_ids(leaf, task.dataset[split], f"lm-eval's {split} split")
         if self.kind == GENERATE_UNTIL:
             self._generation_settings()
         if self._primary is not None and self._primary not in self.metrics:
@@ -126,6 +131,29 @@ class LmEvalTask:
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=self.fewshot_seed)
+
+    def _check_fewshot(self, leaf: str, task) -> None:
+        """lm-eval's sampler draws num_fewshot examples with random.sample (the first ones under
+        `first_n`), one more when they come from the evaluated split, to leave the document itself
+        out: more than the split holds fails there ("Sample larger than population"), once the
+        model has loaded. Its documents are read by now (before any model)."""
+        shots = task.get_config("num_fewshot") or 0
+        if not shots:
+            return
+        sampler = getattr(task, "sampler", None)
+        pool = len(sampler.fewshot_docs()) if sampler is not None else 0
+        split = getattr(getattr(task, "fewshot_cfg", None), "split", None)
+        same = split == task.config.test_split  # lm-eval's own test for leaving the evaluated document out
+        if pool >= shots + same:
+            return
+        where = "task.num_fewshot or its task.lm_eval entry" if self.num_fewshot is not None else "the task's own"
+        drawn = split or task.config.training_split or task.config.validation_split  # lm-eval's fallbacks
+        member = f"its member {leaf}: " if leaf != self.lm_eval_name else ""
+        less = ", less the one evaluated" if same else ""
+        larger = f", or give a larger split (+task.data_files.{leaf}.{drawn}=FILE)" if self.local.active and drawn else ""
+        raise ValueError(f"{member}num_fewshot={shots} ({where}) examples per document, but the split they are drawn "
+                         f"from ({drawn!r}) holds {pool} document(s){less}; use num_fewshot={max(pool - same, 0)} "
+                         f"or fewer{larger}")
 
     def _generation_settings(self) -> None:
         """The generation engine runs one greedy decode per batch: stop strings and token budget

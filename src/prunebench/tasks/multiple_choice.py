@@ -12,6 +12,7 @@ import jinja2
 
 from prunebench.api.metrics import first_argmax
 from prunebench.api.requests import LOGLIKELIHOOD, Document, Loglikelihood, LoglikelihoodResponse
+from prunebench.tasks.duplicates import warn_duplicate_ids, warn_repeated_choices
 from prunebench.tasks.sources import DocSource
 from prunebench.tasks.template import gold_index, import_callable, resolve, resolve_choices, resolve_target
 
@@ -93,10 +94,13 @@ class MultipleChoiceTask:
 
     def check(self) -> None:
         """The source, and for a local one every document: a missing template field, no choices or
-        a gold outside the choices fail here, naming the document, before any model loads."""
+        a gold outside the choices fail here, naming the document, before any model loads; repeated
+        ids or choices are warned about (tasks/duplicates.py)."""
         self.source.check()
         if self.source.local:
-            self.instances()
+            instances = self.instances()
+            warn_duplicate_ids(self.name, [instance.doc for instance in instances], self.source.describe())
+            warn_repeated_choices(self.name, instances, self.source.describe())
 
     def docs(self, limit: int | None = None) -> list[dict]:
         docs = self.source.load()

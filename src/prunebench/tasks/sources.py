@@ -144,10 +144,13 @@ class BenchmarkSource(DocSource):
     every copy. Local files are read in `check()`: they are small, and a malformed one then fails
     before any model loads."""
 
-    def __init__(self, hub: str | None, split: str, name: str | None = None, file: str | None = None,
+    def __init__(self, hub: str | None, split: str, name: str | None = None, file: str | list[str] | None = None,
                  data_dir: str | None = None, path: str | None = None,
                  reader: str = "prunebench.tasks.sources.read_records"):
-        self.hub, self.split, self.name, self.file = hub, split, name, file
+        # `file` may list alternatives (the release's file, then a copy in another format its reader
+        # takes): the first present under data_dir is read
+        self.files = [file] if isinstance(file, str) else list(file or [])
+        self.hub, self.split, self.name, self.file = hub, split, name, " or ".join(self.files) or None
         self.data_dir, self.path, self.reader = data_dir, path, reader
         self._docs: list[dict] | None = None
 
@@ -160,12 +163,19 @@ class BenchmarkSource(DocSource):
         """The local copy to read; None means the hub."""
         if self.path:
             return Path(self.path).expanduser()
-        if self.data_dir and self.file:
-            return Path(self.data_dir).expanduser() / self.file
+        if self.data_dir and self.files:
+            candidates = [Path(self.data_dir).expanduser() / f for f in self.files]
+            return next((c for c in candidates if c.exists()), candidates[0])
         if not self.hub:
             raise FileNotFoundError("this task has no hub dataset: set data_dir=DIR (holding "
                                     f"{self.file}) or task.tasks.<task>.source.path=FILE")
         return None
+
+    def sought(self) -> str:
+        """The local file(s) looked for, for an error naming them."""
+        if self.path or len(self.files) < 2:
+            return str(self.location())
+        return " or ".join(str(Path(self.data_dir).expanduser() / f) for f in self.files)
 
     def check(self) -> None:
         where = self.location()
@@ -173,7 +183,7 @@ class BenchmarkSource(DocSource):
             return
         if not where.exists():
             origin = f"data_dir={self.data_dir!r} + {self.file!r}" if not self.path else "source.path"
-            raise FileNotFoundError(f"data file {str(where)!r} ({origin}) does not exist; read another "
+            raise FileNotFoundError(f"data file {self.sought()!r} ({origin}) does not exist; read another "
                                     f"copy with task.tasks.<task>.source.path=FILE")
         self.load()
 

@@ -13,8 +13,8 @@ from prunebench.cache import content_key
 # Fields that change where or how fast a job runs, never its numbers.
 # `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
 # `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
-# `export`, `export_dir`: a copy of the pruned model written after the numbers are made.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge", "export", "export_dir")
+# `export`, `export_dir`, `export_padded`: a copy of the pruned model written after the numbers are made.
+RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge", "export", "export_dir", "export_padded")
 # model-config keys that never change a job's numbers
 MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
 # judge-config keys that say how to reach the judge, not which model grades

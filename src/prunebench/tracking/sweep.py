@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -59,11 +60,13 @@ def cell_run_ids(parent) -> list[str]:
 class SweepRunCallback(Callback):
     """`report`: import path of a function (experiment, sweep run id, folder) -> the folder it wrote;
     its files are logged to the parent run under report/ (None: no report). `planner`: import path
-    of a function (the sweep's config) -> exit status, which prints the grid under plan=true. Both
-    are named in the config so that tracking imports nothing above it."""
+    of a function (the sweep's config) -> exit status, which prints the grid under plan=true.
+    `checker`: import path of a function (the sweep's config) raising ConfigError for what every job
+    shares (validate.check_sweep), so the sweep is refused once instead of each job. All three are
+    named in the config so that tracking imports nothing above it."""
 
-    def __init__(self, report: str | None = None, planner: str | None = None) -> None:
-        self.report, self.planner = report, planner
+    def __init__(self, report: str | None = None, planner: str | None = None, checker: str | None = None) -> None:
+        self.report, self.planner, self.checker = report, planner, checker
         self.run_id: str | None = None
         self.submitted = False
 
@@ -71,6 +74,12 @@ class SweepRunCallback(Callback):
         if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
             # the plan is all a plan=true sweep does: stop before Hydra launches (and makes folders for) its jobs
             raise SystemExit(get_method(self.planner)(config))
+        if self.checker:
+            try:
+                get_method(self.checker)(config)
+            except ConfigError as err:  # a job refused alike: the one line and status of cli.py's refusal
+                print(f"prunebench: invalid config: {err}", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
         server.check(config.tracking)  # before the sweep's first request: a job would refuse the same
         server.export_http_settings(config.tracking)
         uri = store.tracking_uri(config.tracking.uri)
