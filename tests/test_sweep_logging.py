@@ -10,7 +10,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import FIXTURES
+
+# a sweep in a process of its own: `make test-fast` leaves it out
+pytestmark = pytest.mark.process
 
 JOBS = 3
 SWEEP = ["-m", "model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES / 'benchmarks'}",
