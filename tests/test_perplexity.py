@@ -103,6 +103,10 @@ def test_sweep_logs_ppl_and_stability_and_scores_once_for_all_ratios(store, tmp_
     from prunebench.report.build import write_report
 
     assert (write_report("prunebench", None, tmp_path / "report") / "stability_vs_sparsity.png").exists()
+    # the paper layout pairs documents with the dense run's; a perplexity's windows are none (it once
+    # failed on their missing doc_id)
+    paper = (write_report("prunebench", None, tmp_path / "paper", layout="paper") / "paper.md").read_text()
+    assert "wanda" in paper and "wikitext2_ppl" in paper
 
 
 @pytest.mark.real_model
@@ -156,3 +160,8 @@ def test_a_suite_of_perplexity_and_accuracy_averages_the_accuracies_only(store, 
     mlflow.set_tracking_uri(store)
     (tag,) = mlflow.search_runs(experiment_names=["prunebench"])["tags.prunebench.avg_tasks"]
     assert tag == '["local_mc"]'
+    # the paper layout's avg is the same mean (it once averaged the perplexity in)
+    from prunebench.report.paper import paper_table, task_results
+
+    (avg,) = paper_table(task_results(mlflow.search_runs(experiment_names=["prunebench"]))).avg
+    assert avg == metrics["avg/score"]

@@ -70,6 +70,8 @@ def task_results(runs: pd.DataFrame) -> pd.DataFrame:
         config = {} if dense else pruner_config(run)
         protocol = run.get("tags.prunebench.protocol")
         seed = {k: run.get(f"params.{k}") for k in SEED_KEYS if isinstance(run.get(f"params.{k}"), str)}
+        # the tasks avg/score averaged (a perplexity beside accuracies is not); no tag: all of them
+        averaged = json.loads(run.get("tags.prunebench.avg_tasks") or "null")
         for task, metric in json.loads(run.get("tags.prunebench.avg_metrics") or "{}").items():
             column = f"{task}/{metric}"
             rows.append({SETTING: heading, "pooled": pooled, "model": run["tags.prunebench.model"],
@@ -79,9 +81,10 @@ def task_results(runs: pd.DataFrame) -> pd.DataFrame:
                          "task": task, "metric": metric, "value": run.get(f"metrics.{column}"),
                          "stderr": run.get(f"metrics.{column}_stderr"),
                          "stability": run.get(f"metrics.stability/{task}"),
-                         "n_docs": run.get(f"metrics.{task}/n_docs"), "run_id": run["run_id"]})
+                         "n_docs": run.get(f"metrics.{task}/n_docs"), "run_id": run["run_id"],
+                         "averaged": averaged is None or task in averaged})
     results = pd.DataFrame(rows, columns=[*ROW_KEYS, "pooled", "seed", "task", "metric", "value", "stderr",
-                                          "stability", "n_docs", "run_id"])
+                                          "stability", "n_docs", "run_id", "averaged"])
     # a model that evaluated one task (one checkpoint per task) shares its rows with the others that did
     tasks_per_model = results.groupby("model").task.nunique()
     single = set(tasks_per_model[tasks_per_model == 1].index)
@@ -115,6 +118,7 @@ def paper_table(results: pd.DataFrame) -> pd.DataFrame:
 
 def setting_table(results: pd.DataFrame) -> pd.DataFrame:
     tasks = list(dict.fromkeys(results.task))
+    averaged = [t for t in tasks if t in set(results[results.averaged].task)]
     named = labels(results)
     table = []
     for key, group in results.groupby(ROW_KEYS, sort=False):
@@ -128,10 +132,11 @@ def setting_table(results: pd.DataFrame) -> pd.DataFrame:
             row.update({f"{task}/{metric}": cell.value.mean(), f"{task}/{metric}_std": cell.value.std(),
                         f"{task}/seeds": cell.seed.nunique(), f"{task}/stability": cell.stability.mean(),
                         f"{task}/stderr": spread})
-        means = [row[f"{t}/{group[group.task == t].metric.iloc[0]}"] for t in tasks if t in set(group.task)]
+        # as avg/score: a perplexity and an accuracy have no mean
+        means = [row[f"{t}/{group[group.task == t].metric.iloc[0]}"] for t in averaged if t in set(group[group.averaged].task)]
         stabilities = [row[f"{t}/stability"] for t in tasks if t in set(group.task)]
         row.update({"avg": sum(means) / len(means), "avg/stability": pd.Series(stabilities).mean(skipna=False),
-                    "tasks": f"{len(means)}/{len(tasks)}"})
+                    "tasks": f"{len(means)}/{len(averaged)}"})
         table.append(row)
     table = pd.DataFrame(table)
     table = table.sort_values(["model", "protocol", "pruner", "label", DIFFERS, "ratio"], key=dense_first)

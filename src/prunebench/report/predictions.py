@@ -31,7 +31,9 @@ class Predictions:
         key = (run_id, task, metric)
         if key not in self.cache:
             records = read_predictions(run_id, task)
-            if records and metric in records[0]:
+            if not records or "doc_id" not in records[0]:  # a perplexity's windows: no document is right or wrong
+                self.cache[key] = None
+            elif metric in records[0]:
                 self.cache[key] = metric, {r["doc_id"]: float(r[metric]) for r in records}
             elif records and isinstance(records[0].get("gold"), int) and "pred" in records[0]:
                 self.cache[key] = "acc", {r["doc_id"]: float(r["pred"] == r["gold"]) for r in records}
