@@ -195,6 +195,7 @@ def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_m
     assert_no_runs(store)
 
 
+@pytest.mark.process
 def test_unknown_experiment_is_refused_like_an_unknown_task(store):
     proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], "experiment=nope"],
                           capture_output=True, text=True, timeout=120)
@@ -202,6 +203,7 @@ def test_unknown_experiment_is_refused_like_an_unknown_task(store):
     assert "experiment/nope" in proc.stderr + proc.stdout
 
 
+@pytest.mark.process
 def test_unknown_tracking_scheme_fails_the_sweep_with_one_clear_line(store):
     """The sweep's parent run is made before any job: the address is checked there too."""
     proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *TINY_MC, "tracking.uri=garbage://x",
@@ -223,6 +225,7 @@ def test_plus_overrides_under_a_defined_root_key_pass(extra):
     check_root_keys(compose_cfg(extra))
 
 
+@pytest.mark.process
 def test_a_config_error_prints_once_without_a_traceback_and_exits_2(store, tmp_path):
     path = write_jsonl(tmp_path / "cases.jsonl", [json.dumps({**GOOD, "label": 5})])
     proc = subprocess.run([sys.executable, "-m", "prunebench", *mc(path)], capture_output=True, text=True, timeout=120)
@@ -338,6 +341,7 @@ def test_an_lm_eval_task_with_a_repeated_id_is_warned_about(tmp_path, caplog):
         "repeats if the file was read or joined twice"]
 
 
+@pytest.mark.process
 def test_a_truncated_checkpoint_exits_2_with_one_line_and_no_run(store, tmp_path):
     cut(checkpoint(tmp_path / "ckpt")[0])
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])
@@ -352,6 +356,7 @@ def test_a_truncated_checkpoint_exits_2_with_one_line_and_no_run(store, tmp_path
     assert_no_runs(store)
 
 
+@pytest.mark.process
 def test_an_unwritable_export_dir_refuses_the_sweep_once_before_any_job(store, tmp_path):
     """Not each pruned job and its dense baseline evaluated, then failing at the write."""
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])
