@@ -32,7 +32,7 @@ from torch import nn
 
 from prunebench.models.attention import Heads, attention_heads, head_index, heads_adapter
 from prunebench.models.introspection import count_parameters, is_composite, transformer_blocks
-from prunebench.models.narrow import PER_LAYER, block_mlp, narrow_layers
+from prunebench.models.narrow import PER_LAYER, PRUNING_FILE, block_mlp, narrow_layers
 
 # set on each language-model block before pruning: an attribute survives the copies a pruner makes
 # (MoP's trial steps), so the export can name the original layers that were removed
@@ -264,7 +264,7 @@ def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[
                "storage": [*notes, *bias_notes, "removed layers are gone, and so are heads and MLP neurons wherever every layer "
                                    "keeps the same number or the layout is per_layer; pruned single weights "
                                    "(unstructured, N:M) are zeros in dense tensors"]}
-    (folder / "pruning.json").write_text(json.dumps(pruning, indent=2) + "\n")
+    (folder / PRUNING_FILE).write_text(json.dumps(pruning, indent=2) + "\n")
     return pruning
 
 
