@@ -119,7 +119,8 @@ def test_detach_with_a_launcher_that_cannot_return_is_refused_before_the_sweep_s
     proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llama", "pruner=none",
                            "task=local_mc", "detach=true"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])})
-    assert proc.returncode != 0
-    assert "detach=true needs hydra/launcher=prunebench_slurm or slurm_gpu" in proc.stderr + proc.stdout
+    assert proc.returncode == 2, proc.stderr[-2000:]  # a usage error, as a single job's refusal
+    assert "prunebench: invalid config: detach=true needs hydra/launcher=prunebench_slurm or slurm_gpu" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "BasicLauncher" in proc.stderr + proc.stdout
     assert not Path(fresh_store[len("sqlite:///"):]).exists()  # refused before the store was opened: no parent run

@@ -25,8 +25,6 @@ with collector.importing():
     from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
-# a bad config is a usage error (argparse's and click's status for one): 2, not a failure's 1
-CONFIG_ERROR_EXIT = 2
 # the help template passes ${hydra.searchpath}: options a lab keeps in its own package are listed too
 OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=(): listing(tuple(searchpath)),
                                 replace=True)
@@ -35,7 +33,7 @@ OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     from prunebench.job import quiet_libraries, run
-    from prunebench.validate import ConfigError
+    from prunebench.api.errors import ConfigError, refuse
 
     quiet_libraries()
     # again inside the job: submitit (hydra/launcher=submitit_*) sets SIGTERM aside when a job starts
@@ -55,9 +53,7 @@ def app(cfg: DictConfig) -> None:
                 end.skipped = run(cfg, overrides, parent) is None
     except ConfigError as err:
         if HydraConfig.get().mode != RunMode.MULTIRUN:
-            # one line on stderr says it all: no traceback, no second copy from Hydra, the usage exit status
-            print(f"prunebench: invalid config: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(CONFIG_ERROR_EXIT) from None
+            refuse(err)
         log.error("invalid config: %s", err)
         # in a sweep Hydra's launcher keeps it as the job's failure and the sweep goes on (SystemExit would stop it)
         raise ConfigError(str(err)) from None

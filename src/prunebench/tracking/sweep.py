@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from prunebench.api.errors import ConfigError
+from prunebench.api.errors import ConfigError, refuse
 from prunebench.tracking import cells, claim, server, store
 
 log = logging.getLogger(__name__)
@@ -77,25 +76,23 @@ class SweepRunCallback(Callback):
         if self.checker:
             try:
                 get_method(self.checker)(config)
-            except ConfigError as err:  # a job refused alike: the one line and status of cli.py's refusal
-                print(f"prunebench: invalid config: {err}", file=sys.stderr, flush=True)
-                raise SystemExit(2) from None
+            except ConfigError as err:  # a job refused alike
+                refuse(err)
         server.check(config.tracking)  # before the sweep's first request: a job would refuse the same
         server.export_http_settings(config.tracking)
         uri = store.tracking_uri(config.tracking.uri)
         try:
             store.check_uri(uri)
         except ConfigError as err:  # Hydra would only warn of a callback's exception and run every job into it
-            raise SystemExit(f"prunebench: invalid config: {err}") from None
+            refuse(err)
         self.uri, self.experiment = uri, config.tracking.experiment
         # absolute: a detached sweep's closer may run in another working directory
         self.sweep_dir = Path(config.hydra.sweep.dir).absolute()  # HydraConfig is not set yet here
         self.stale_s = config.tracking.claim.stale_s
         self.detached = bool(config.get("detach"))
         if self.detached and config.hydra.launcher.get("_target_") != DETACHABLE:
-            raise SystemExit(f"prunebench: invalid config: detach=true needs hydra/launcher=prunebench_slurm or "
-                             f"slurm_gpu (the launcher that returns once SLURM has the array), not "
-                             f"{config.hydra.launcher.get('_target_')}")
+            refuse(f"detach=true needs hydra/launcher=prunebench_slurm or slurm_gpu (the launcher that returns "
+                   f"once SLURM has the array), not {config.hydra.launcher.get('_target_')}")
         exp_id = store.experiment_id(uri, self.experiment)
         overrides = " ".join(config.hydra.overrides.task)
         detached = {DETACHED_TAG: "true", REPORT_TAG: self.report or "", STALE_TAG: str(self.stale_s)}
