@@ -16,7 +16,7 @@ from chat_server import ChatServer, benchmark_judge
 from conftest import FIXTURES, compose_cfg
 from prunebench import job
 from prunebench.paths import CONF_DIR
-from prunebench.plan import DENSE, fixed_overrides, format_plan, main, plan, sweep_jobs
+from prunebench.plan import DENSE, fixed_overrides, format_plan, job_composer, main, plan, sweep_jobs
 from prunebench.tracking.sweep import SweepRunCallback
 from test_classification import glue_tsv
 from test_vision import cifar100, fashion_mnist, food101, image_folder
@@ -117,7 +117,22 @@ def preset_plan(name: str, extra: list[str]):
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
         params = OmegaConf.to_container(base.hydra.sweeper.params)
-        return plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
+        return plan(arguments, params, job_composer("config"))
+
+
+def test_a_plan_composes_each_job_as_hydra_composes_it(data):
+    """The plan builds the defaults tree once per set of group choices and applies the values to a
+    copy: every job must equal Hydra's own compose of its overrides, whatever kinds they mix."""
+    extra = [*tiny("hies_bert_glue", data), "+pruner.extra=1", "task.tasks={}", "pruner.scope=layer"]
+    jobs = sweep_jobs({"finetuned": "bert-base-sst2,bert-base-rte", "pruner": "heads_l2,hies_paper",
+                       "sparsity": "0.1,0.3"}, ["experiment=hies_bert_glue", *extra])
+    jobs += [["model=tiny-llama", "limit=3", "hydra.job.chdir=true"], ["model=tiny-llama", "calib=c4", "limit=4"]]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        compose_job = job_composer("config")
+        for overrides in jobs:
+            expected = OmegaConf.to_container(compose("config", overrides=overrides))
+            assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides
+            assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides  # from its cached tree
 
 
 def test_every_preset_option_is_a_preset_with_a_grid():

@@ -8,6 +8,7 @@ the store is only read, and a store that does not exist yet is not created."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -100,6 +101,35 @@ def sweeper_params(config: DictConfig) -> dict:
     return OmegaConf.to_container(params, resolve=False) if params else {}
 
 
+def job_composer(config_name: str) -> Callable[[list[str]], DictConfig]:
+    """Hydra's compose of a job's overrides, the defaults tree built once per set of config-group
+    choices: a grid's jobs differ mostly in values (sparsity, seed, limit), and building the tree
+    costs 0.25-0.5 s a job on a 2-core CPU where copying the composed config and applying the values
+    as Hydra applies them takes about 4 ms. The overrides are split by Hydra's own rule (a dict
+    value, or a key naming no config group on the search path, sets a value; the rest choose); a
+    job with a `hydra.*` override composes in full. Call inside Hydra's initialization."""
+    from hydra import compose
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+
+    repo = GlobalHydra.instance().config_loader().repository
+    trees: dict[tuple[str, ...], DictConfig] = {}
+
+    def compose_job(overrides: list[str]) -> DictConfig:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        if any(o.is_hydra_override() for o in parsed):
+            return compose(config_name, overrides=list(overrides))
+        values = [o for o in parsed if isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)]
+        choices = tuple(o.input_line for o in parsed if o not in values)
+        if choices not in trees:
+            trees[choices] = compose(config_name, overrides=list(choices))
+        cfg = copy.deepcopy(trees[choices])
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        return cfg
+
+    return compose_job
+
+
 def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
@@ -173,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
         params = sweeper_params(base)
-        jobs = plan(arguments, params, lambda overrides: compose("config", overrides=overrides))
+        jobs = plan(arguments, params, job_composer("config"))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
 
@@ -198,10 +228,8 @@ if __name__ == "__main__":
 def sweep_plan(config) -> int:
     """A plan=true multirun (the sweep callback calls this before anything launches): prints the
     grid; exit status 1 when any job is invalid."""
-    from hydra import compose
-
     arguments = list(config.hydra.overrides.task)
     params = sweeper_params(config)
-    jobs = plan(arguments, params, lambda o: compose(config.hydra.job.config_name, o))
+    jobs = plan(arguments, params, job_composer(config.hydra.job.config_name))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
