@@ -35,11 +35,11 @@ HFLM_MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs name n
 
 @lru_cache(maxsize=4)
 def task_index(include_path: tuple[str, ...] = ()):
-    """lm-eval's index of every task, group and tag (and the user's include_path folders), built
-    once per process: it reads some 15 000 YAML files."""
-    from lm_eval.tasks import TaskManager
+    """lm-eval's TaskManager over every task, group and tag (and the user's include_path folders),
+    made once per process, its built-in index read from the cache (lm_eval_index.py)."""
+    from prunebench.tasks.lm_eval_index import task_manager
 
-    return TaskManager(include_path=list(include_path) or None)
+    return task_manager(list(include_path))
 
 
 def metric_name(metric: str, filter_name: str, filters: list[str]) -> str:
