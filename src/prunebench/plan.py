@@ -221,10 +221,6 @@ def help_listing(arguments: list[str]) -> str:
         return listing(tuple(searchpath[-1]) if searchpath else ())
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def sweep_plan(config) -> int:
     """A plan=true multirun (the sweep callback calls this before anything launches): prints the
     grid; exit status 1 when any job is invalid."""
@@ -233,3 +229,7 @@ def sweep_plan(config) -> int:
     jobs = plan(arguments, params, job_composer(config.hydra.job.config_name))
     print(format_plan(jobs, " ".join(arguments)))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
