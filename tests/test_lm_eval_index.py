@@ -66,6 +66,10 @@ def test_the_key_follows_every_file_and_an_unreadable_cache_is_built_again(tmp_p
     template = folder / "_template"  # an include without .yaml: a change there changes the configs
     os.utime(template, ns=(template.stat().st_atime_ns, template.stat().st_mtime_ns + 1000))
     assert folder_digest(folder) != before
+    changed = folder_digest(folder)
+    (folder / "__pycache__").mkdir()  # what loading a task's !function writes: no part of the index
+    (folder / "__pycache__" / "utils.cpython-311.pyc").write_bytes(b"\0")
+    assert folder_digest(folder) == changed
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
     first = cached_index(folder, "0")
     (cached,) = (tmp_path / "cache" / "lm_eval_index").glob("*.json")

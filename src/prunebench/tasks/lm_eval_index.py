@@ -68,13 +68,16 @@ def cached_index(root: Path, version: str) -> dict:
 
 
 def folder_digest(root: Path) -> str:
-    """Every file's path, size and mtime under `root` (an include need not end in .yaml): 0.2 s."""
+    """Every file's path, size and mtime under `root` (an include need not end in .yaml): 0.2 s.
+    Not `__pycache__`: loading a task's `!function` writes there, and the index reads no Python."""
+    listed = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]  # pruned as the walk goes
+        listed += [os.path.join(os.path.relpath(folder, root), name) for name in files]
     digest = hashlib.sha256()
-    for folder, subfolders, files in sorted(os.walk(root)):
-        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
-        for name in sorted(files):
-            stat = os.stat(os.path.join(folder, name))
-            digest.update(f"{os.path.relpath(folder, root)}/{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for name in sorted(listed):
+        stat = os.stat(os.path.join(root, name))
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 
