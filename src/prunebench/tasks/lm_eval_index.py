@@ -92,9 +92,11 @@ def carried(cfg) -> bool:
 def write_index(index: dict, path: Path) -> None:
     """Atomically (a sweep's jobs may build it at once); a cache that cannot be written costs the next
     process the build again, nothing more."""
-    rows = {name: {"kind": e.kind.name, "yaml_path": None if e.yaml_path is None else str(e.yaml_path),
-                   "tags": sorted(e.tags), "cfg": e.cfg if carried(e.cfg) else None, "reread": not carried(e.cfg)}
-            for name, e in index.items()}
+    rows = {}
+    for name, e in index.items():
+        kept = carried(e.cfg)
+        rows[name] = {"kind": e.kind.name, "yaml_path": None if e.yaml_path is None else str(e.yaml_path),
+                      "tags": sorted(e.tags), "cfg": e.cfg if kept else None, "reread": not kept}
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         partial.write_text(json.dumps(rows))
