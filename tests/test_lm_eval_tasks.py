@@ -238,7 +238,7 @@ def test_a_bad_task_name_fails_validation_in_seconds_naming_close_matches():
     assert time.perf_counter() - start < 60  # the index of lm-eval's tasks, not a model load
 
 
-def test_a_missing_local_file_fails_validation_naming_task_split_and_file(tmp_path):
+def test_a_missing_local_file_fails_validation_naming_task_split_and_file(tmp_path, no_wheel):
     with pytest.raises(ConfigError, match=r"lm-eval task boolq.*boolq/val.jsonl.*split validation.*does not exist"):
         our_tasks("task.lm_eval=[boolq]", f"data_dir={tmp_path}")
     (tmp_path / "gsm8k").mkdir()
@@ -279,7 +279,7 @@ def test_the_shared_data_layout_reads_every_suite_task():
     assert [len(doc.requests) for doc in tasks["hellaswag"].instances(2)] == [4, 4]  # 4 endings each
 
 
-def test_a_split_with_alternative_files_reads_the_first_present_and_names_all_when_none_is(tmp_path):
+def test_a_split_with_alternative_files_reads_the_first_present_and_names_all_when_none_is(tmp_path, no_wheel):
     with pytest.raises(ConfigError, match="hellaswag_val.jsonl.*or.*hellaswag_val_full.txt.bz2"):
         our_tasks("task.lm_eval=[hellaswag]", f"data_dir={tmp_path}")
     (tmp_path / "hellaswag").mkdir()

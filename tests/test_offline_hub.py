@@ -128,7 +128,7 @@ def test_a_server_error_is_no_answer_and_a_refusal_is_one(status, reason, monkey
 
     from huggingface_hub import constants
 
-    from prunebench.models.pretrained import unreachable
+    from prunebench.hub import unreachable
 
     class Hub(BaseHTTPRequestHandler):
         def do_HEAD(self):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prunebench.hub import require_dataset
+
 WIKITEXT2_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 C4_SHARDS = {"train": "en/c4-train.00000-of-01024.json.gz", "validation": "en/c4-validation.00000-of-00008.json.gz"}
 ALPACA_HUB = "yahma/alpaca-cleaned"
@@ -102,6 +104,8 @@ class WikiText2(TextCorpus):
             present = sorted(p.name for p in path.parent.glob("wiki.*.raw")) if path.parent.is_dir() else []
             raise FileNotFoundError(f"wikitext2 split {self.split!r}: {str(path)!r} does not exist under "
                                     f"data_dir={self.data_dir!r} (present: {present or 'none'})")
+        if path is None:
+            require_dataset("wikitext", f"wikitext2 split {self.split!r}")
 
     def documents(self) -> list[str]:
         self.check()
@@ -129,6 +133,8 @@ class C4(TextCorpus):
     def check(self) -> None:
         if self.path:
             local_file(self.path, "c4 path")
+        else:
+            require_dataset("allenai/c4", f"c4 split {self.split!r}")
 
     def documents(self) -> list[str]:
         if self.path:
@@ -154,6 +160,8 @@ class Alpaca(TextCorpus):
     def check(self) -> None:
         if self.path:
             local_file(self.path, "alpaca path")
+        else:
+            require_dataset(ALPACA_HUB, "alpaca")
 
     def documents(self) -> list[str]:
         rows = load_rows(str(local_file(self.path, "alpaca path")) if self.path else ALPACA_HUB)

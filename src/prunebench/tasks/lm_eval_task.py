@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from prunebench.api.requests import (GENERATE_UNTIL, LOGLIKELIHOOD, Document, GenerateUntil, Loglikelihood,
                                      RollingText)
+from prunebench.hub import HubDeferred, deferred
 from prunebench.tasks.duplicates import warn_duplicate_ids
 from prunebench.tasks.lm_eval_data import LocalData, local_factory
 
@@ -31,6 +32,8 @@ KINDS = {"multiple_choice": LOGLIKELIHOOD, "loglikelihood": LOGLIKELIHOOD, "logl
 FEWSHOT_SEED = 1234  # simple_evaluate's fewshot_random_seed
 BOOTSTRAP_ITERS = 100000  # simple_evaluate's bootstrap_iters (stderr of perplexity, F1, MCC)
 HFLM_MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs name none
+# a plan's built tasks by definition (LmEvalTask.check): 18 jobs of one preset share 7 tasks
+PLANNED: dict[str, dict] = {}
 
 
 @lru_cache(maxsize=4)
@@ -70,6 +73,7 @@ class LmEvalTask:
 
     lower_is_better = False
     grouped = False
+    deferred = False  # a plan's: its data is on the hub only, so it was not built (hub.deferring)
 
     def __init__(self, name: str, task: str | None = None, num_fewshot: int | None = None, primary: str | None = None,
                  include_path: list[str] | str | None = None, data_dir: str | None = None,
@@ -88,9 +92,21 @@ class LmEvalTask:
 
     def check(self) -> None:
         """Builds the task with lm-eval (documents read, local files checked): a name lm-eval does not
-        know fails naming the close matches; a missing file names the task, split and path."""
+        know fails naming the close matches; a missing file names the task, split and path. A plan
+        builds each definition once for all its jobs (a job builds its own: evaluating a task draws
+        its few-shot examples from a generator that must start at the seed)."""
         if self.leaves:
             return
+        key = json.dumps([self.name, self.lm_eval_name, self.num_fewshot, self.include_path, self.local.data_dir,
+                          self.local.data_files, self.fewshot_seed, self.bootstrap_iters], sort_keys=True, default=str)
+        if deferred() and key in PLANNED:
+            self.__dict__.update(PLANNED[key])
+            return
+        self._build()
+        if deferred():
+            PLANNED[key] = dict(self.__dict__)
+
+    def _build(self) -> None:
         manager = task_index(self.include_path)
         if self.lm_eval_name not in manager.all_tasks:
             close = difflib.get_close_matches(self.lm_eval_name, manager.all_tasks, n=5, cutoff=0.6)
@@ -98,7 +114,11 @@ class LmEvalTask:
                              f"{'; close matches: ' + ', '.join(close) if close else ''}"
                              f"{' (include_path: ' + ', '.join(self.include_path) + ')' if self.include_path else ''}")
         manager._factory = local_factory(self.local, manager.metadata)  # the one place leaf configs are assembled
-        loaded = manager.load([self.lm_eval_name])
+        try:
+            loaded = manager.load([self.lm_eval_name])
+        except HubDeferred:  # a plan: a dataset only the hub has is noted, and the task built when the job starts
+            self.deferred = True
+            return
         self.leaves, self.groups = loaded["tasks"], loaded.get("groups", {})
         if len(self.leaves) > 1 and self.lm_eval_name not in self.groups:
             raise ValueError(f"{self.lm_eval_name!r} is an lm-eval tag of {len(self.leaves)} tasks with no group score; "
@@ -219,9 +239,7 @@ class LmEvalTask:
 
     def data_ids(self) -> set[str]:
         """The local files read (the run's inputs); a hub dataset by its id and config."""
-        if self.local.active:
-            return set(self.local.read)
-        return {f"hf:{t.get_config('dataset_path')}/{t.get_config('dataset_name') or ''}" for t in self.leaves.values()}
+        return set(self.local.read) | self.local.hub
 
     # ---------------------------------------------------------------- requests and scoring
 

