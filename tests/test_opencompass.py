@@ -144,14 +144,14 @@ def refuse(*args, **kwargs):
     (["task=commonsense", "task.protocol=opencompass"], "task arc_challenge has no opencompass version"),
     (["task=piqa", "task.protocol=helm"],
      r"task piqa has no helm version; its protocols: \['lm_eval', 'opencompass'\]"),
-    (["task=dynmoe", "task.protocol=opencompass"],             # no ARC-Easy-Dev.jsonl under data_dir
+    (["task=dynmoe", "task.protocol=opencompass"],  # no ARC-Easy-Dev.jsonl under data_dir, no wheel to fall back on
      r"task arc_easy \(task\.protocols\.opencompass\.arc_easy\): .*ARC-Easy-Dev\.jsonl.*does not exist.*"
      r"task\.protocols\.opencompass\.arc_easy\.source\.path=FILE"),
     (["task=hellaswag", "task.protocol=opencompass", "task.tasks.hellaswag.source.path=/nope/hellaswag.jsonl"],
      r"task hellaswag \(task\.protocols\.opencompass\.hellaswag\): .*/nope/hellaswag\.jsonl.*does not exist.*"
      r"task\.tasks\.hellaswag\.source\.path=FILE"),              # its documents are the lm-eval task's
 ])
-def test_a_task_without_that_protocols_version_fails_before_any_model_loads(monkeypatch, overrides, match):
+def test_a_task_without_that_protocols_version_fails_before_any_model_loads(monkeypatch, overrides, match, no_wheel):
     monkeypatch.setattr("prunebench.job.get_model", refuse)
     with pytest.raises(ConfigError, match=match):
         run(compose_cfg(TINY + [f"data_dir={RELEASE}", *overrides]))

@@ -35,8 +35,9 @@ def deferring(notes: list[str] | None):
         _NOTES.reset(token)
 
 
-def deferred() -> bool:
-    return _NOTES.get() is not None
+def plan_notes() -> list[str] | None:
+    """The notes of the plan being validated; None in a job."""
+    return _NOTES.get()
 
 
 def unreachable(repo_id: str, revision: str | None = None, repo_type: str = "model",

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from prunebench.api.requests import (GENERATE_UNTIL, LOGLIKELIHOOD, Document, GenerateUntil, Loglikelihood,
                                      RollingText)
-from prunebench.hub import HubDeferred, deferred
+from prunebench.hub import HubDeferred, plan_notes
 from prunebench.tasks.duplicates import warn_duplicate_ids
 from prunebench.tasks.lm_eval_data import LocalData, local_factory
 
@@ -33,7 +33,7 @@ FEWSHOT_SEED = 1234  # simple_evaluate's fewshot_random_seed
 BOOTSTRAP_ITERS = 100000  # simple_evaluate's bootstrap_iters (stderr of perplexity, F1, MCC)
 HFLM_MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs name none
 # a plan's built tasks by definition (LmEvalTask.check): 18 jobs of one preset share 7 tasks
-PLANNED: dict[str, dict] = {}
+PLANNED: dict[str, tuple[dict, list[str]]] = {}
 
 
 @lru_cache(maxsize=4)
@@ -99,12 +99,17 @@ class LmEvalTask:
             return
         key = json.dumps([self.name, self.lm_eval_name, self.num_fewshot, self.include_path, self.local.data_dir,
                           self.local.data_files, self.fewshot_seed, self.bootstrap_iters], sort_keys=True, default=str)
-        if deferred() and key in PLANNED:
-            self.__dict__.update(PLANNED[key])
+        notes = plan_notes()
+        if notes is None:
+            self._build()
             return
-        self._build()
-        if deferred():
-            PLANNED[key] = dict(self.__dict__)
+        if key not in PLANNED:
+            before = list(notes)
+            self._build()
+            PLANNED[key] = dict(self.__dict__), [n for n in notes if n not in before]
+        state, noted = PLANNED[key]
+        self.__dict__.update(state)
+        notes.extend(n for n in noted if n not in notes)  # each job's line names what its task needs
 
     def _build(self) -> None:
         manager = task_index(self.include_path)
