@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
+from prunebench.report.cli import main as report_main
 from prunebench.report.compare import main as compare_main
 from prunebench.report.paper import dense_verdicts, task_results
 from prunebench.report.predictions import Predictions
@@ -142,16 +143,25 @@ def test_compare_exit_codes(grid, capsys):
     # a true 10-point drop on both tasks: lost
     assert compare_main([ids["dense"], ids["a", 0.5]]) == 1
     assert "2 lost: exit 1" in capsys.readouterr().out
-    # the same answers: kept on both (an interval of width 0 at 0)
-    assert compare_main([ids["dense"], ids["dense"]]) == 0
+    # the same answers in another run: kept on both (an interval of width 0 at 0)
+    copy = log_job("none", 0.0, {t: answers(0, 0, 0) for t in TASKS})
+    assert compare_main([ids["dense"], copy]) == 0
     # no net change under heavy swapping on arc_easy, and 40 lost on piqa: lost wins
     assert compare_main([ids["dense"], ids["b", 0.5], "--max-drop", "1"]) == 1
     # arc_easy alone is inconclusive at 1 point; with a 5-point tolerance it is kept
     assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "0.5"]) == 2
     assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "5"]) == 0
-    # two sweeps: the grid against itself, every job paired with itself: all kept
-    assert compare_main([parent, "latest"]) == 0
     capsys.readouterr()
+
+
+def test_one_run_or_sweep_on_both_sides_is_refused_not_kept(grid, capsys):
+    parent, ids = grid
+    assert compare_main([ids["dense"], ids["dense"]]) == 3
+    out = capsys.readouterr()
+    assert f"A ({ids['dense']}) and B ({ids['dense']}) are one run" in out.err and out.out == ""
+    assert compare_main([parent, "latest"]) == 3
+    assert "are one sweep" in capsys.readouterr().err
+    assert compare_main(["latest", "latest"]) == 3
 
 
 def test_compare_refuses_a_bad_id_and_bad_usage_with_their_own_codes(grid, capsys):
@@ -164,6 +174,33 @@ def test_compare_refuses_a_bad_id_and_bad_usage_with_their_own_codes(grid, capsy
     with pytest.raises(SystemExit) as exit_:
         compare_main([ids["dense"]])
     assert exit_.value.code == 64
-    with pytest.raises(SystemExit) as exit_:
-        compare_main([ids["dense"], ids["dense"], "--max-drop", "-1"])
-    assert exit_.value.code == 64
+    for bad in ("-1", "nan", "inf"):  # -1 would judge a zero difference lost; nan judges nothing
+        with pytest.raises(SystemExit) as exit_:
+            compare_main([ids["dense"], ids["a", 0.5], "--max-drop", bad])
+        assert exit_.value.code == 64
+        with pytest.raises(SystemExit) as exit_:
+            report_main(["--layout", "paper", "--max-drop", bad])
+        assert exit_.value.code == 2
+        assert f"--max-drop {float(bad)}: a tolerance is a drop" in capsys.readouterr().err
+
+
+def test_an_unknown_id_a_job_for_a_sweep_and_a_missing_store_are_one_line(grid, tmp_path, capsys):
+    from prunebench.tracking.status import main as status_main
+
+    parent, ids = grid
+    assert status_main(["deadbeef"]) == 3
+    assert capsys.readouterr().err.startswith("prunebench-status: no run 'deadbeef' in sqlite:///")
+    assert status_main([ids["dense"]]) == 3
+    assert f"run {ids['dense']} is a job, not a sweep's parent run; its sweep is {parent}" in capsys.readouterr().err
+    assert report_main(["--sweep", "deadbeef", "--out", str(tmp_path / "r")]) == 3
+    assert "prunebench-report: no run 'deadbeef'" in capsys.readouterr().err
+    assert report_main(["--sweep", ids["dense"], "--out", str(tmp_path / "r")]) == 3
+    assert "is a job, not a sweep's parent run" in capsys.readouterr().err
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    for call in (lambda: status_main(["latest", "--uri", f"sqlite:///{missing}"]),
+                 lambda: report_main(["--tracking-uri", f"sqlite:///{missing}", "--out", str(tmp_path / "r")]),
+                 lambda: compare_main(["latest", "latest", "--tracking-uri", f"sqlite:///{missing}"])):
+        assert call() == 3
+        err = capsys.readouterr().err
+        assert f"no MLflow store at sqlite:///{missing}" in err and "Traceback" not in err
+    assert not missing.parent.exists()  # nothing created

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
 from prunebench.report.build import LAYOUTS, latest_sweep, write_report
+from prunebench.report.compare import NOT_FOUND, check_max_drop
 from prunebench.report.verdicts import CORRECTIONS
-from prunebench.tracking.store import tracking_uri
+from prunebench.tracking.store import missing_store, tracking_uri
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +39,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="paper layout: how the verdicts' p-values are adjusted across the report (default holm)")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
+    check_max_drop(parser, args.max_drop)
     # one bar per downloaded predictions file would bury the table the paper layout prints
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    uri = tracking_uri(args.tracking_uri)
+    if (missing := missing_store(uri)) is not None:
+        print(f"prunebench-report: {missing}", file=sys.stderr)
+        return NOT_FOUND
+    mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(args.experiment) is None:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
               file=sys.stderr)
         return 2
     sweep = None if args.all else latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
+    if sweep is not None and not args.all and args.sweep != "latest":
+        try:
+            run = mlflow.MlflowClient().get_run(sweep)
+        except MlflowException:
+            print(f"prunebench-report: no run {sweep!r} in {uri} (--sweep takes a sweep's parent run id, or latest)",
+                  file=sys.stderr)
+            return NOT_FOUND
+        if run.data.tags.get("prunebench.sweep") != "true":
+            print(f"prunebench-report: run {sweep} is a job, not a sweep's parent run (--sweep takes a sweep; "
+                  f"--all reports the whole experiment)", file=sys.stderr)
+            return NOT_FOUND
     try:
         out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout, args.max_drop,
                            args.correction)

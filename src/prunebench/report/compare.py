@@ -7,6 +7,7 @@ sweep that does not exist or nothing to compare (nothing printed but the error);
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -19,7 +20,7 @@ from prunebench.report.paper import labels, scale, task_results
 from prunebench.report.predictions import Predictions
 from prunebench.report.table import load_runs, to_markdown
 from prunebench.report.verdicts import CORRECTIONS, compare, exit_code, paired, with_adjusted
-from prunebench.tracking.store import tracking_uri
+from prunebench.tracking.store import missing_store, tracking_uri
 
 NOT_FOUND, USAGE = 3, 64
 PAIR_KEYS = ["model", "pruner", "config", "ratio", "task", "seed"]
@@ -77,6 +78,12 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
     return with_adjusted(rows, correction)
 
 
+def check_max_drop(parser: argparse.ArgumentParser, max_drop: float) -> None:
+    """A tolerance is a finite drop of 0 or more points (-1 judged a zero difference lost, nan nothing)."""
+    if not math.isfinite(max_drop) or max_drop < 0:
+        parser.error(f"--max-drop {max_drop}: a tolerance is a drop, a finite number of 0 or more points")
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.print_usage(sys.stderr)
@@ -94,12 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="prunebench", help="where 'latest' looks (default prunebench)")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
-    if args.max_drop < 0:
-        parser.error(f"--max-drop {args.max_drop}: a tolerance is a drop, 0 or more points")
+    check_max_drop(parser, args.max_drop)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    uri = tracking_uri(args.tracking_uri)
+    mlflow.set_tracking_uri(uri)
     try:
+        if (missing := missing_store(uri)) is not None:
+            raise NotFound(missing)
         (a, sweep_a), (b, sweep_b) = resolve(args.a, args.experiment), resolve(args.b, args.experiment)
+        if set(a.run_id) == set(b.run_id):
+            raise NotFound(f"A ({args.a}) and B ({args.b}) are one {'sweep' if sweep_a else 'run'} "
+                           f"({', '.join(sorted(set(a.run_id)))[:200]}): nothing to compare it with")
         if sweep_a != sweep_b:
             raise NotFound(f"{args.a if sweep_a else args.b} is a sweep and {args.b if sweep_a else args.a} a single run: "
                            "compare two runs or two sweeps")

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from statistics import mean
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from prunebench.tracking import cells, claim, store
@@ -19,15 +20,31 @@ from prunebench.tracking.sweep import DETACHED_TAG, STALE_TAG, SUBMITTED_TAG, cl
 STATES = ("done", "running", "failed", "waiting", "killed", "submitting")
 
 
+# exit status for a store, run or sweep that does not exist, as prunebench-compare's
+NOT_FOUND = 3
+
+
+class NotFound(LookupError):
+    """A store, run id or `latest` that names no sweep; the message is the one line printed."""
+
+
 def find_sweep(client: MlflowClient, experiment: str, sweep: str):
     """The parent run named by id, or the experiment's newest sweep for `latest`."""
     if sweep != "latest":
-        return client.get_run(sweep)
+        try:
+            run = client.get_run(sweep)
+        except MlflowException:
+            raise NotFound(f"no run {sweep!r} in {client.tracking_uri} (a sweep's parent run id, or latest)") from None
+        if run.data.tags.get("prunebench.sweep") != "true":
+            parent = run.data.tags.get("mlflow.parentRunId")
+            raise NotFound(f"run {sweep} is a job, not a sweep's parent run" +
+                           (f"; its sweep is {parent}" if parent else "") + " (prunebench-status takes a sweep, or latest)")
+        return run
     found = client.get_experiment_by_name(experiment)
     runs = [] if found is None else client.search_runs(
         [found.experiment_id], "tags.`prunebench.sweep` = 'true'", order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise SystemExit(f"prunebench-status: no sweep in experiment {experiment!r} of {client.tracking_uri}")
+        raise NotFound(f"no sweep in experiment {experiment!r} of {client.tracking_uri}")
     return runs[0]
 
 
@@ -97,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="heartbeat age after which a claim off SLURM is dead (default: the sweep's tracking.claim.stale_s)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     uri = store.tracking_uri(args.uri)
-    client = MlflowClient(uri)
-    parent = find_sweep(client, args.experiment, args.sweep)
+    try:
+        if (missing := store.missing_store(uri)) is not None:
+            raise NotFound(missing)
+        client = MlflowClient(uri)
+        parent = find_sweep(client, args.experiment, args.sweep)
+    except NotFound as err:
+        print(f"prunebench-status: {err}", file=sys.stderr)
+        return NOT_FOUND
     run_id = parent.info.run_id
     stale_s = args.stale_s if args.stale_s is not None else float(parent.data.tags.get(STALE_TAG, 300))
     if parent.info.status == "RUNNING":

@@ -146,3 +146,19 @@ def check_uri(uri: str) -> None:
 
 def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def missing_store(uri: str) -> str | None:
+    """Why a command that only reads (report, compare, status) has nothing to read at `uri`: a SQLite
+    file or a store folder that does not exist, which MLflow would create empty (with its folder).
+    None where it exists, or for a server (which says so itself)."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+    elif uri.startswith("file:") or "://" not in uri:
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+    else:
+        return None
+    if path.exists():
+        return None
+    return (f"no MLflow store at {uri} ({path.resolve()} does not exist); name an existing one with "
+            f"--tracking-uri or MLFLOW_TRACKING_URI")
