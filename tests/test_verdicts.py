@@ -75,15 +75,41 @@ def grid(store):
     return parent.info.run_id, ids
 
 
+Z, Z_POWER = 1.959963984540054, 0.8416212335729143
+
+
+def bonett_price(lost: int, gained: int, n: int) -> tuple[float, float]:
+    """Bonett and Price (2012), eq. 4: p12 = (n12 + 1) / (n + 2), p21 = (n21 + 1) / (n + 2),
+    (p21 - p12) +- z sqrt((p12 + p21 - (p21 - p12)^2) / (n + 2)); as (centre, se) in points."""
+    p12, p21 = (lost + 1) / (n + 2), (gained + 1) / (n + 2)
+    return 100 * (p21 - p12), 100 * math.sqrt((p12 + p21 - (p21 - p12) ** 2) / (n + 2))
+
+
 def by_hand(reference: list[float], candidate: list[float], max_drop: float) -> dict:
     d = 100 * (np.array(candidate) - np.array(reference))
-    mean, sd, n = d.mean(), d.std(ddof=1), len(d)
-    low, high = mean - 1.959963984540054 * sd / math.sqrt(n), mean + 1.959963984540054 * sd / math.sqrt(n)
     lost = sum(r > c for r, c in zip(reference, candidate))
     gained = sum(c > r for r, c in zip(reference, candidate))
-    return {"diff": mean, "ci_low": low, "ci_high": high, "p": binomtest(lost, lost + gained).pvalue if lost + gained else 1.0,
-            "mdd": (1.959963984540054 + 0.8416212335729143) * sd / math.sqrt(n),
-            "verdict": "kept" if low > -max_drop else "lost" if high < -max_drop else "inconclusive"}
+    centre, se = bonett_price(lost, gained, len(d))
+    low, high, mdd = centre - Z * se, centre + Z * se, (Z + Z_POWER) * se
+    return {"diff": d.mean(), "ci_low": low, "ci_high": high, "mdd": mdd,
+            "p": binomtest(lost, lost + gained).pvalue if lost + gained else 1.0,
+            "verdict": "kept" if low > -max_drop and mdd <= max_drop else "lost" if high < -max_drop else "inconclusive"}
+
+
+@pytest.mark.parametrize("n, kept", [(2, False), (20, False), (2000, True)])
+def test_no_flipped_document_is_kept_only_where_the_documents_can_say_so(n, kept):
+    """Identical answers: the plain Wald interval is [0, 0] at any n, so 2 documents were "kept". The
+    adjusted interval leaves +-69 points at 2 documents, +-13 at 20 and +-0.14 at 2,000."""
+    from prunebench.report.verdicts import compare
+
+    answers = [1.0, 0.0] * (n // 2)
+    row = compare(answers, answers, 100.0, 1.0)
+    centre, se = bonett_price(0, 0, n)
+    assert (row["diff"], centre) == (0.0, 0.0) and row["ci_low"] == pytest.approx(-Z * se) == -row["ci_high"]
+    assert row["verdict"] == ("kept" if kept else "inconclusive"), row
+    assert {2: 69.3, 20: 12.6, 2000: 0.14}[n] == pytest.approx(row["ci_high"], abs=0.05)
+    if not kept:  # the documents that would settle it, were the answers as alike as now: the detectable difference's
+        assert row["docs_to_settle"] == math.ceil(((Z + Z_POWER) * se) ** 2 * (n + 2) / 1.0 ** 2 - 2) > n
 
 
 @pytest.mark.parametrize("correction", ["holm", "bh"])
@@ -111,8 +137,9 @@ def test_adjusted_p_verdicts_and_detectable_difference_across_the_grid(grid, cor
     assert verdicts["b", 0.5, "arc_easy"] == "inconclusive"
     row = table[(table.pruner == "b") & (table.ratio == 0.5) & (table.task == "arc_easy")].iloc[0]
     # the documents at which the interval's half-width would reach the gap to -1 point
-    gap, sd = abs(row["diff"] + 1.0), row.mdd * math.sqrt(N) / (1.959963984540054 + 0.8416212335729143)
-    assert row.docs_to_settle == math.ceil((1.959963984540054 * sd / gap) ** 2) > N
+    centre, se = (row.ci_low + row.ci_high) / 2, (row.ci_high - row.ci_low) / (2 * Z)
+    needed = max((Z * se) ** 2 / (centre + 1.0) ** 2, ((Z + Z_POWER) * se) ** 2 / 1.0 ** 2) * (N + 2)
+    assert row.docs_to_settle == math.ceil(needed - 2) > N
 
 
 def test_holm_equals_statsmodels_on_ties_and_the_cap():
@@ -148,9 +175,11 @@ def test_compare_exit_codes(grid, capsys):
     assert compare_main([ids["dense"], copy]) == 0
     # no net change under heavy swapping on arc_easy, and 40 lost on piqa: lost wins
     assert compare_main([ids["dense"], ids["b", 0.5], "--max-drop", "1"]) == 1
-    # arc_easy alone is inconclusive at 1 point; with a 5-point tolerance it is kept
+    # arc_easy's 30 swapped answers are inconclusive at 1 point, and at 5: its interval lies within
+    # -5 but a 5.5-point difference is the least 400 documents detect; with 6 points it is kept
     assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "0.5"]) == 2
-    assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "5"]) == 0
+    assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "5"]) == 2
+    assert compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", "6"]) == 0
     capsys.readouterr()
 
 

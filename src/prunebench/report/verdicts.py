@@ -2,11 +2,13 @@
 
 Per pruned run and task, against a reference run on the same documents (the dense run, or run A of
 `prunebench-compare`): the paired difference in points (x100 for metrics on [-1, 1], as papers print
-them), its 95% interval (mean difference +- z x sd / sqrt(n); for 0/1 values this is the Wald
-interval of a paired proportion), the exact McNemar p for 0/1 values or a paired bootstrap p
+them), its 95% interval (for 0/1 values Bonett and Price's adjusted Wald interval of a paired
+proportion, which stays honest with no discordant pair, where the plain Wald interval is [0, 0]; else
+mean difference +- z x sd / sqrt(n)), the exact McNemar p for 0/1 values or a paired bootstrap p
 otherwise, that p adjusted across every comparison of the report (Holm by default, Benjamini-
 Hochberg as `bh`), and a verdict against the tolerance `max_drop` (points):
-- `kept`: the interval's lower end is above -max_drop;
+- `kept`: the interval's lower end is above -max_drop, and the minimum detectable difference is
+  within max_drop;
 - `lost`: its upper end is below -max_drop;
 - `inconclusive` otherwise, with the minimum detectable difference at this many documents (two-sided
   5%, 80% power) and the documents at which the interval would exclude -max_drop, were the
@@ -77,21 +79,45 @@ def paired_test(reference: list[float], candidate: list[float]) -> tuple[str, fl
     return "paired bootstrap", float(np.mean(np.abs(means - d.mean()) >= abs(d.mean()) - 1e-12))
 
 
+def spread(reference: list[float], candidate: list[float], factor: float) -> tuple[float, float, float]:
+    """(centre, standard error, documents the error is over) of the paired difference, in points.
+    0/1 values: Bonett and Price's adjusted Wald interval for paired proportions (2012), one more
+    document lost and one more gained over n + 2, so that with no discordant pair the interval does
+    not collapse to [0, 0] (2 documents and no flip leave +-69 points; 2,000 leave +-0.14). Other
+    values: the mean difference and sd / sqrt(n)."""
+    d = (np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)) * factor
+    n = len(d)
+    if set(reference) | set(candidate) <= {0.0, 1.0}:
+        lost, gained, _ = mcnemar(reference, candidate)
+        p_lost, p_gained = (lost + 1) / (n + 2), (gained + 1) / (n + 2)
+        variance = p_lost + p_gained - (p_gained - p_lost) ** 2
+        return (p_gained - p_lost) * factor, math.sqrt(variance / (n + 2)) * factor, n + 2
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    return float(d.mean()), sd / math.sqrt(n), n
+
+
 def compare(reference: list[float], candidate: list[float], factor: float, max_drop: float) -> dict:
-    """The row of one comparison (documents paired by id already), p not yet adjusted."""
+    """The row of one comparison (documents paired by id already), p not yet adjusted. `kept` needs
+    the interval above -max_drop and a minimum detectable difference within max_drop: what the data
+    cannot detect is not called kept."""
     d = (np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)) * factor
     n, mean = len(d), float(d.mean())
-    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    centre, se, effective = spread(reference, candidate, factor)
     z, z_power = norm.ppf(1 - (1 - LEVEL) / 2), norm.ppf(POWER)
-    half = z * sd / math.sqrt(n)
-    low, high = mean - half, mean + half
-    verdict = "kept" if low > -max_drop else "lost" if high < -max_drop else "inconclusive"
-    gap = abs(mean + max_drop)
-    settle = (math.ceil((z * sd / gap) ** 2) if gap > 0 else math.inf) if verdict == "inconclusive" else n
+    low, high = centre - z * se, centre + z * se
+    mdd = (z + z_power) * se
+    verdict = ("kept" if low > -max_drop and mdd <= max_drop else "lost" if high < -max_drop
+               else "inconclusive")
+    # the documents at which the interval's half-width would reach the gap to -max_drop, and the minimum
+    # detectable difference max_drop, the spread per document as now (se^2 x effective documents)
+    gap = abs(centre + max_drop)
+    needed = max((z * se) ** 2 * effective / gap ** 2 if gap > 0 else math.inf,
+                 ((z + z_power) * se) ** 2 * effective / max_drop ** 2 if max_drop > 0 else math.inf)
+    settle = math.ceil(needed - (effective - n)) if verdict == "inconclusive" else n
     test, p = paired_test(reference, candidate)
     return {"docs": n, "reference": float(np.mean(reference)) * factor, "candidate": float(np.mean(candidate)) * factor,
             "diff": mean, "ci_low": low, "ci_high": high, "test": test, "p": p,
-            "mdd": (z + z_power) * sd / math.sqrt(n), "docs_to_settle": settle, "verdict": verdict}
+            "mdd": mdd, "docs_to_settle": settle, "verdict": verdict}
 
 
 def with_adjusted(rows: list[dict], correction: str) -> pd.DataFrame:
