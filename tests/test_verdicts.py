@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
+from prunebench.inputs import log_inputs
 from prunebench.report.cli import main as report_main
 from prunebench.report.compare import main as compare_main
 from prunebench.report.paper import dense_verdicts, task_results
@@ -38,7 +39,8 @@ def answers(drop: int, noise: int, seed: int) -> list[float]:
     return out.tolist()
 
 
-def log_job(pruner: str, sparsity: float, values: dict[str, list[float]], parent: str | None = None) -> str:
+def log_job(pruner: str, sparsity: float, values: dict[str, list[float]], parent: str | None = None,
+            inputs: dict[str, dict[str, str]] | None = None) -> str:
     tags = {"prunebench.run_key": f"{pruner}-{sparsity}-{parent}", "prunebench.model": "scripted",
             "prunebench.pruner": pruner, "prunebench.sparsity": str(sparsity), "prunebench.task": "suite",
             "prunebench.avg_metrics": json.dumps({t: "acc" for t in values}), "prunebench.limit": "null",
@@ -49,6 +51,7 @@ def log_job(pruner: str, sparsity: float, values: dict[str, list[float]], parent
             mlflow.log_metrics({f"{task}/acc": sum(docs) / len(docs), f"{task}/n_docs": len(docs)})
             mlflow.log_text("\n".join(json.dumps({"doc_id": i, "acc": v}) for i, v in enumerate(docs)),
                             f"predictions/{task}.jsonl")
+        log_inputs(inputs or {})  # as a job logs the local data it read
     return run.info.run_id
 
 
@@ -151,8 +154,6 @@ def test_holm_equals_statsmodels_on_ties_and_the_cap():
 
 
 def test_paper_report_has_a_verdict_per_row(grid, tmp_path):
-    from prunebench.report.cli import main as report_main
-
     parent, _ = grid
     out = tmp_path / "rep"
     assert report_main(["--sweep", parent, "--out", str(out), "--layout", "paper", "--max-drop", "1"]) == 0
@@ -233,3 +234,22 @@ def test_an_unknown_id_a_job_for_a_sweep_and_a_missing_store_are_one_line(grid, 
         err = capsys.readouterr().err
         assert f"no MLflow store at sqlite:///{missing}" in err and "Traceback" not in err
     assert not missing.parent.exists()  # nothing created
+
+
+def test_compare_pairs_only_documents_of_the_same_data_and_says_how_many(grid, tmp_path, capsys):
+    """The same task name over two files is not paired document by document (it was, and "kept");
+    another limit pairs the documents both runs evaluated, and says so."""
+    one, other = {"task:arc_easy": {str(tmp_path / "a.jsonl"): "a" * 64}}, {"task:arc_easy": {str(tmp_path / "b.jsonl"): "b" * 64}}
+    a = log_job("none", 0.0, {"arc_easy": answers(0, 0, 0)}, inputs=one)
+    b = log_job("none", 0.0, {"arc_easy": answers(0, 0, 0)}, inputs=other)
+    assert compare_main([a, b]) == 3
+    err = capsys.readouterr().err
+    assert "arc_easy: not compared, A and B read other data (A: a.jsonl@aaaaaaaa; B: b.jsonl@bbbbbbbb)" in err
+    assert compare_main([a, log_job("none", 0.0, {"arc_easy": answers(0, 0, 0)})]) == 3  # local data against the hub
+    assert "B: the hub" in capsys.readouterr().err
+    shorter = log_job("magnitude", 0.5, {"arc_easy": answers(0, 0, 0)[:100]}, inputs=one)
+    assert compare_main([a, shorter, "--max-drop", "10"]) == 0
+    out = capsys.readouterr()
+    assert "arc_easy: A evaluated 400 documents and B 100; the 100 both evaluated are paired" in out.err
+    assert "| arc_easy | acc | 100 |" in out.out
+

@@ -1,5 +1,6 @@
 """`prunebench-compare A B`: B against A, document by document, with a verdict per task a CI job can
-gate on. A and B are each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
+gate on. A task is compared only where both runs read the same data (the digests of its dataset
+inputs, or the hub for both), its documents paired by id; another limit pairs the shared ones, said. A and B are each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
 Two runs: every task both evaluated. Two sweeps: runs paired by model, pruner, its config, ratio,
 task and seed. Exit code: 0 every comparison kept, 1 any lost, 2 inconclusive only; 3 a run or
 sweep that does not exist or nothing to compare (nothing printed but the error); 64 a usage error."""
@@ -17,7 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from prunebench.report.build import latest_sweep
 from prunebench.report.paper import labels, scale, task_results
-from prunebench.report.predictions import Predictions
+from prunebench.report.predictions import Predictions, task_data
 from prunebench.report.table import load_runs, to_markdown
 from prunebench.report.verdicts import CORRECTIONS, compare, exit_code, paired, with_adjusted
 from prunebench.tracking.store import missing_store, tracking_uri
@@ -54,7 +55,9 @@ def resolve(spec: str, experiment: str) -> tuple[pd.DataFrame, bool]:
     return mlflow.search_runs(experiment_ids=[run.info.experiment_id], filter_string=f"attributes.run_id = '{spec}'"), False
 
 
-def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float, correction: str) -> pd.DataFrame:
+def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float, correction: str,
+                notes: list[str]) -> pd.DataFrame:
+    """B against A per paired task; `notes` gains what was not compared, or paired only in part."""
     first, second = task_results(a), task_results(b)
     keys = PAIR_KEYS if sweeps else ["task"]
     pairs = first.merge(second, on=[*keys, "metric"], suffixes=("_a", "_b"))
@@ -64,17 +67,26 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
     named = labels(pd.concat([first, second]))
     predictions, rows = Predictions(), []
     for _, r in pairs.iterrows():
+        data = [task_data(r[f"run_id_{side}"], r.task) for side in "ab"]
+        if data[0] != data[1]:  # the same task name over other documents: document i is not document i
+            notes.append(f"{r.task}: not compared, A and B read other data (A: {', '.join(data[0]) or 'the hub'}; "
+                         f"B: {', '.join(data[1]) or 'the hub'})")
+            continue
         docs = [predictions.correct(r[f"run_id_{side}"], r.task, r.metric) for side in "ab"]
         if None in docs:
             continue
         ref, new = paired(docs[0][1], docs[1][1])
         if not ref:
             continue
+        if len(ref) < max(len(docs[0][1]), len(docs[1][1])):  # another limit: only the shared documents
+            notes.append(f"{r.task}: A evaluated {len(docs[0][1])} documents and B {len(docs[1][1])}; "
+                         f"the {len(ref)} both evaluated are paired")
         row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio} if sweeps else {}
         rows.append({**row, "task": r.task, "metric": docs[0][0],
                      **compare(ref, new, scale(pd.Series(ref + new)), max_drop)})
     if not rows:
-        raise NotFound("no paired task has per-document values (perplexity and corpus metrics such as MCC have none)")
+        raise NotFound("; ".join(notes) if notes else
+                       "no paired task has per-document values (perplexity and corpus metrics such as MCC have none)")
     return with_adjusted(rows, correction)
 
 
@@ -115,10 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         if sweep_a != sweep_b:
             raise NotFound(f"{args.a if sweep_a else args.b} is a sweep and {args.b if sweep_a else args.a} a single run: "
                            "compare two runs or two sweeps")
-        table = comparisons(a, b, sweep_a, args.max_drop, args.correction)
+        notes: list[str] = []
+        table = comparisons(a, b, sweep_a, args.max_drop, args.correction, notes)
     except NotFound as err:
         print(f"prunebench-compare: {err}", file=sys.stderr)
         return NOT_FOUND
+    for note in notes:
+        print(f"prunebench-compare: {note}", file=sys.stderr)
     name = "Holm" if args.correction == "holm" else "Benjamini-Hochberg"
     print(f"B ({args.b}) against A ({args.a}): points, 95% intervals, p adjusted by {name} across "
           f"{len(table)} comparisons, tolerance {args.max_drop:g} points\n")

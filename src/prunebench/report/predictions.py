@@ -62,3 +62,17 @@ def chance_levels(dense_runs) -> dict[tuple[str, str], float]:
         if (setting, task) not in levels:
             levels[setting, task] = chance_level(run_id, task)
     return {key: level for key, level in levels.items() if level is not None}
+
+
+@functools.cache
+def task_data(run_id: str, task: str) -> tuple[str, ...]:
+    """The digests of the local data a run's task read (its MLflow dataset inputs of context
+    `task:<task>`); () for a task that read the hub only or a run logged without inputs."""
+    inputs = mlflow.MlflowClient().get_run(run_id).inputs
+    found = []
+    for entry in getattr(inputs, "dataset_inputs", None) or []:
+        tags = {tag.key: tag.value for tag in entry.tags}
+        if tags.get("mlflow.data.context") == f"task:{task}":
+            found.append(f"{entry.dataset.name}@{entry.dataset.digest[:8]}")
+    return tuple(sorted(found))
+
