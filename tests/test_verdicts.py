@@ -163,7 +163,22 @@ def test_paper_report_has_a_verdict_per_row(grid, tmp_path):
                        ("b", 0.3): "inconclusive", ("b", 0.5): "lost"}
     text = (out / "paper.md").read_text()
     assert "## Verdicts against the dense run (tolerance 1 points; p adjusted by Holm across the 8 comparisons)" in text
+    # the sweep's run page shows the table as its description, and says where the jobs and plots are
+    note = mlflow.MlflowClient().get_run(parent).data.tags["mlflow.note.content"]
+    assert note.startswith((out / "results.md").read_text()[:200]) and "| scripted | a | 0.5 |" in note
+    assert '"Model training"' in note and "Artifacts, report/" in note
     assert len(pd.read_csv(out / "verdicts.csv")) == 8
+
+
+def test_a_long_report_is_cut_to_what_mlflow_keeps_as_a_description(store):
+    from prunebench.tracking.sweep import DESCRIPTION_CHARS, describe
+
+    client = mlflow.MlflowClient(store)
+    run = client.create_run(client.create_experiment("described"))
+    describe(client, run.info.run_id, "\n".join(f"| row {i} | 0.5 |" for i in range(2000)))
+    note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
+    assert len(note) <= DESCRIPTION_CHARS and "(cut here: report/results.md has it all)" in note
+    assert "| row 0 | 0.5 |" in note and "| row 1999 |" not in note
 
 
 def test_compare_exit_codes(grid, capsys):

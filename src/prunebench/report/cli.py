@@ -14,6 +14,7 @@ from prunebench.report.build import LAYOUTS, latest_sweep, write_report
 from prunebench.report.compare import NOT_FOUND, check_max_drop
 from prunebench.report.verdicts import CORRECTIONS
 from prunebench.tracking.store import missing_store, tracking_uri
+from prunebench.tracking.sweep import describe
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n(report of {covered}{hint}; written to {out}/: {', '.join(sorted(p.name for p in out.iterdir()))})")
     if sweep:
         mlflow.MlflowClient().log_artifacts(sweep, str(out), "report")
+        describe(mlflow.MlflowClient(), sweep, (out / "results.md").read_text())
     return 0
 
 

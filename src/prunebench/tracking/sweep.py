@@ -157,6 +157,7 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
         if report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
             out = get_method(report)(experiment, run_id, sweep_dir / "report")
             client.log_artifacts(run_id, str(out), "report")
+            describe(client, run_id, (out / "results.md").read_text())
             # the sweep's answer, where its user looks: not only the path to it
             print((out / "results.md").read_text(), flush=True)
             log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
@@ -165,6 +166,20 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
     failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"]
     client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
     log.info("sweep %s: %s", run_id, counts)
+
+
+# MLflow keeps a tag value of at most 8,000 characters; the description is cut below that
+DESCRIPTION_CHARS = 7000
+
+
+def describe(client: MlflowClient, run_id: str, report: str) -> None:
+    """The report's table as the sweep's run description (`mlflow.note.content`, Markdown that the
+    run page shows under "Description"), where the UI otherwise says "No description"."""
+    where = ("\n\n(The jobs: this experiment's runs table, \"Model training\" at the top of the UI. The whole "
+             "report and its plots: Artifacts, report/.)")
+    if len(report) + len(where) > DESCRIPTION_CHARS:
+        report = report[:DESCRIPTION_CHARS - len(where) - 40].rsplit("\n", 1)[0] + "\n\n(cut here: report/results.md has it all)"
+    client.set_tag(run_id, "mlflow.note.content", report + where)
 
 
 def absolute_uri(uri: str) -> str:
