@@ -188,3 +188,13 @@ def test_shared_wikitext2_test_split_reads_as_documented():
     # its 2891 non-empty lines with CRLF)
     assert len(lines) == 4358 and "\r" not in text
     assert lines[1].strip() == "= Robert Boulter ="
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n\t\n"], ids=["empty", "blank"])
+def test_an_empty_calibration_file_is_refused_before_the_model_loads(tmp_path, text):
+    path = tmp_path / "calib.txt"
+    path.write_text(text)
+    cfg = compose_cfg(["model=tiny-llama", "pruner=wanda", "calib=file", f"calib.path={path}", "task=local_mc",
+                       f"task.tasks.local_mc.source.path={MC_FIXTURE}"])
+    with pytest.raises(ConfigError, match=r"calib.path=.*calib.txt' is empty: calibration windows are cut from its text"):
+        validate(cfg)

@@ -74,7 +74,12 @@ class TextFile(TextCorpus):
         self.path, self.field = path, field
 
     def check(self) -> None:
-        local_file(self.path, "calib.path")
+        path = local_file(self.path, "calib.path")
+        with open(path, "rb") as handle:  # the first 64 KiB say whether there is any text (a file may be GBs)
+            empty = not handle.read(1 << 16).strip()
+        if empty:
+            raise ValueError(f"calib.path={self.path!r} is empty: calibration windows are cut from its text; "
+                             f"point it at a file with text (or .json/.jsonl records whose `{self.field}` holds it)")
 
     def documents(self) -> list[str]:
         path = local_file(self.path, "calib.path")
