@@ -293,3 +293,32 @@ def test_a_per_layer_export_whose_weights_differ_from_its_structure_fails_the_lo
               str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"Missing key.*model\.layers\.1\.mlp\.down_proj\.weight"):
         load_causal_lm(path=str(tmp_path), name="again")
+
+
+def test_an_export_folder_is_replaced_whole_and_a_foreign_one_refused(tmp_path):
+    """`--dir` into a folder holding someone else's files is refused before any work; an earlier export
+    of the same run is replaced whole, never mixed with (an old shard index made the new one unloadable)."""
+    from prunebench.export import export_folder
+
+    foreign = tmp_path / "models" / "run1"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"run1 is not empty and is no earlier export of run run1"):
+        export_folder(str(tmp_path / "models"), "run1")
+    (foreign / "pruning.json").write_text(json.dumps({"run_id": "run0"}))
+    with pytest.raises(ValueError, match="no earlier export of run run1"):
+        export_folder(str(tmp_path / "models"), "run1")
+    (foreign / "pruning.json").write_text(json.dumps({"run_id": "run1"}))
+    assert export_folder(str(tmp_path / "models"), "run1") == foreign.resolve()
+    assert export_folder(str(tmp_path / "other"), "run2") == (tmp_path / "other" / "run2").resolve()
+
+
+def test_exporting_again_into_the_dir_leaves_no_stale_file(store, tmp_path):
+    from prunebench.export_cli import main
+
+    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
+    (folder / "model.safetensors.index.json").write_text("{}")  # an earlier layout's shard index
+    assert main([pruned.info.run_id, "--dir", str(tmp_path / "models"), "--tracking-uri", store]) == 0
+    assert not (folder / "model.safetensors.index.json").exists()
+    assert json.loads((folder / "pruning.json").read_text())["run_id"] == pruned.info.run_id
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [pruned.info.run_id]  # no partial folder left

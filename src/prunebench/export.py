@@ -10,8 +10,10 @@ registry's old layout), and a folder loads with `from_pretrained` after
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -56,6 +58,26 @@ def log_folder(folder: Path, run, tags: dict[str, str]) -> str:
     return f"models:/{model.model_id}"
 
 
+def export_folder(export_dir: str, run_id: str) -> Path:
+    """`<export_dir>/<run id>`, checked before any work: a folder that exists must be empty or an earlier
+    export of this run (its pruning.json names the run), which the new export replaces whole."""
+    from prunebench.models.narrow import PRUNING_FILE
+
+    folder = Path(export_dir).expanduser().resolve() / run_id
+    if folder.is_dir() and any(folder.iterdir()):
+        try:
+            earlier = json.loads((folder / PRUNING_FILE).read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            earlier = None
+        if earlier != run_id:
+            raise ValueError(f"{folder} is not empty and is no earlier export of run {run_id} (no {PRUNING_FILE} "
+                             f"naming it); nothing written: empty it or choose another --dir")
+    elif folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; nothing written: choose another --dir")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
                  run_id: str) -> str:
     """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
@@ -66,8 +88,17 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
     account = record(cfg, stats, run)
     pad = bool(cfg.get("export_padded", False))
     if cfg.get("export_dir"):
-        folder = Path(str(cfg.export_dir)).expanduser().resolve() / run_id
-        write_pretrained(loaded, folder, account, before, pad)
+        folder = export_folder(str(cfg.export_dir), run_id)
+        # written whole beside it, then put in its place: an earlier export's files (a shard index of
+        # another layout) never mix with this one's
+        fresh = Path(tempfile.mkdtemp(prefix=f".{run_id}.partial-", dir=folder.parent))
+        try:
+            write_pretrained(loaded, fresh, account, before, pad)
+            if folder.exists():
+                shutil.rmtree(folder)
+            fresh.rename(folder)
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
         where = f"dir:{folder}"
     else:
         with tempfile.TemporaryDirectory(prefix="prunebench-export-") as tmp:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                              "from_pretrained loads (export_padded=true); default: each at its own widths")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
-    from prunebench.export import export_model
+    from prunebench.export import export_folder, export_model
     from prunebench.job import prune
     from prunebench.models.introspection import count_parameters
     from prunebench.tracking.run_key import is_dense
@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
         check_export(cfg, get_class(cfg.pruner._target_))
-    except ConfigError as err:
+        if args.dir:
+            export_folder(args.dir, args.run_id)  # before the model is rebuilt
+    except (ConfigError, ValueError) as err:
         print(f"prunebench-export: {err}", file=sys.stderr)
         return 2
     loaded, _, stats, before = prune(cfg, is_dense(cfg), exporting=True)
