@@ -287,3 +287,15 @@ def test_export_padded_is_a_stock_checkpoint_that_plain_transformers_loads(store
     assert not mlp.up_proj.weight[64:].any() and not attention.k_proj.weight[16:].any()
     # padded back to the widest layer, which the range left whole: the dense size
     assert pruning["params_stored"] == count_parameters(get_model(compose_cfg(["model=tiny-llama"]).model).model)
+
+
+def test_a_layer_range_that_leaves_no_layer_is_refused_before_the_model_loads(tmp_path):
+    """The release's indices (4..30) on tiny-llama's 2 layers: torch's "`inputs` argument to `grad()`
+    cannot be empty" came after loading; now the range and the depth are named first."""
+    text = tmp_path / "calib.txt"
+    text.write_text("some calibration text " * 50)
+    cfg = compose_cfg([*TINY_MC, "pruner=llm_pruner", "pruner.layer_range=index", "sparsity=0.3", "calib=file",
+                       f"calib.path={text}"])
+    with pytest.raises(ConfigError, match=r"layer_range=index: attention layers \[4, 30\) and MLP layers \[4, 30\) "
+                                          r"leave none of the model's 2 layers to prune"):
+        validate(cfg)

@@ -321,3 +321,14 @@ def test_slicegpt_job_records_perplexity_and_what_slicing_removed(store, tmp_pat
                                "tracking.ensure_dense=false", "trainer.enable_progress_bar=false"]))
     assert metrics["sparsity/actual"] == 0.25 and metrics["sparsity/params"] > 0
     assert math.isfinite(metrics["wikitext2_ppl/ppl"]) and metrics["wikitext2_ppl/ppl"] > 1
+
+
+def test_a_ratio_that_leaves_no_dimension_is_refused_before_the_model_loads(tmp_path):
+    from conftest import TINY_MC
+    from prunebench.validate import ConfigError
+
+    text = tmp_path / "calib.txt"
+    text.write_text("some calibration text " * 50)
+    cfg = compose_cfg([*TINY_MC, "pruner=slicegpt", "sparsity=0.99", "calib=file", f"calib.path={text}"])
+    with pytest.raises(ConfigError, match="sparsity=0.99 leaves no dimension of hidden_size=64"):
+        validate(cfg)

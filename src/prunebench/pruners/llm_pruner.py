@@ -151,6 +151,20 @@ class LLMPruner(StructuredPruner):
         self.mlp_layers = (mlp_layer_start, mlp_layer_end)
         self.reference_layers = reference_layers
 
+    def check_config(self, config, sparsity: float) -> None:
+        """A layer range that leaves no layer of this model to prune (the release's indices, 4..30, on
+        a shallower model) is refused before the model loads; torch's own error came after scoring began."""
+        layers = config.get("num_hidden_layers") if isinstance(config, dict) else getattr(config, "num_hidden_layers", None)
+        if not layers:
+            return
+        attention, mlp = self.spans(layers)
+        if not attention and not mlp:
+            raise ValueError(f"pruner.layer_range={self.layer_range}: attention layers "
+                             f"[{self.attention_layers[0]}, {self.attention_layers[1]}) and MLP layers "
+                             f"[{self.mlp_layers[0]}, {self.mlp_layers[1]}) leave none of the model's {layers} layers "
+                             f"to prune; layer_range=fraction maps the range to its depth, or set "
+                             f"pruner.attention_layer_start/_end and mlp_layer_start/_end within 0..{layers}")
+
     def spans(self, layers: int) -> tuple[range, range]:
         return tuple(layer_span(*bounds, self.reference_layers, layers, self.layer_range)
                      for bounds in (self.attention_layers, self.mlp_layers))

@@ -240,6 +240,9 @@ class SliceGPTPruner(StructuredPruner):
         model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
         if model_type in REFUSED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r}: {POST_NORMS}")
+        hidden = config.get("hidden_size") if isinstance(config, dict) else getattr(config, "hidden_size", None)
+        if hidden:
+            sliced_width(hidden, sparsity, self.round_interval)  # a ratio that leaves no dimension
 
     def score(self, loaded: LoadedModel, calib=None) -> list[dict[str, torch.Tensor]]:
         return calibration_batches(loaded, calib, self.batch_size)
