@@ -262,6 +262,8 @@ def test_compare_pairs_only_documents_of_the_same_data_and_says_how_many(grid, t
     assert "arc_easy: not compared, A and B read other data (A: a.jsonl@aaaaaaaa; B: b.jsonl@bbbbbbbb)" in err
     assert compare_main([a, log_job("none", 0.0, {"arc_easy": answers(0, 0, 0)})]) == 3  # local data against the hub
     assert "B: the hub" in capsys.readouterr().err
+    renamed = log_job("none", 0.0, {"arc_easy": answers(0, 0, 0)}, inputs={"task:arc_easy": {str(tmp_path / "c.jsonl"): "a" * 64}})
+    assert compare_main([a, renamed]) == 0  # the same bytes under another name are the same documents
     shorter = log_job("magnitude", 0.5, {"arc_easy": answers(0, 0, 0)[:100]}, inputs=one)
     assert compare_main([a, shorter, "--max-drop", "10"]) == 0
     out = capsys.readouterr()

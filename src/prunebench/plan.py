@@ -133,8 +133,10 @@ def job_composer(config_name: str) -> Callable[[list[str]], DictConfig]:
 def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
+    from prunebench.tasks.lm_eval_task import PLANNED
     from prunebench.validate import validate
 
+    PLANNED.clear()  # this plan's lm-eval tasks, built once for its jobs; another plan reads the files again
     jobs, by_key, dense, scored, finished = [], {}, {}, set(), {}
     for overrides in sweep_jobs(params, arguments):
         deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)

@@ -68,9 +68,9 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
     predictions, rows = Predictions(), []
     for _, r in pairs.iterrows():
         data = [task_data(r[f"run_id_{side}"], r.task) for side in "ab"]
-        if data[0] != data[1]:  # the same task name over other documents: document i is not document i
-            notes.append(f"{r.task}: not compared, A and B read other data (A: {', '.join(data[0]) or 'the hub'}; "
-                         f"B: {', '.join(data[1]) or 'the hub'})")
+        if set(data[0]) != set(data[1]):  # the same task name over other documents: document i is not document i
+            read = [", ".join(f"{name}@{digest[:8]}" for digest, name in sorted(d.items())) or "the hub" for d in data]
+            notes.append(f"{r.task}: not compared, A and B read other data (A: {read[0]}; B: {read[1]})")
             continue
         docs = [predictions.correct(r[f"run_id_{side}"], r.task, r.metric) for side in "ab"]
         if None in docs:

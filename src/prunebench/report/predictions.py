@@ -65,14 +65,15 @@ def chance_levels(dense_runs) -> dict[tuple[str, str], float]:
 
 
 @functools.cache
-def task_data(run_id: str, task: str) -> tuple[str, ...]:
-    """The digests of the local data a run's task read (its MLflow dataset inputs of context
-    `task:<task>`); () for a task that read the hub only or a run logged without inputs."""
+def task_data(run_id: str, task: str) -> dict[str, str]:
+    """{digest: file name} of the local data a run's task read (its MLflow dataset inputs of context
+    `task:<task>`): the digest is the data's identity, whatever the file is called; {} for a task that
+    read the hub only or a run logged without inputs."""
     inputs = mlflow.MlflowClient().get_run(run_id).inputs
-    found = []
+    found = {}
     for entry in getattr(inputs, "dataset_inputs", None) or []:
         tags = {tag.key: tag.value for tag in entry.tags}
         if tags.get("mlflow.data.context") == f"task:{task}":
-            found.append(f"{entry.dataset.name}@{entry.dataset.digest[:8]}")
-    return tuple(sorted(found))
+            found[entry.dataset.digest] = entry.dataset.name
+    return found
 
