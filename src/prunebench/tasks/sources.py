@@ -221,8 +221,8 @@ class BenchmarkSource(DocSource):
         """The documents' file and the files its reader also reads beside it (PIQA's labels): its
         module's `companion_files(path)`, so that a changed labels file is a changed input too."""
         where = self.location()
-        if self.wheel() is not None:
-            return {self.describe()}
+        if (wheel := self.wheel()) is not None:
+            return {str(f) for f in wheel.files()}
         companions = getattr(importlib.import_module(self.reader.rsplit(".", 1)[0]), "companion_files", None)
         extra = {str(p) for p in companions(where)} if where is not None and where.is_file() and companions else set()
         return {self.describe(), *extra}
