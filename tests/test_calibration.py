@@ -152,7 +152,7 @@ def test_task_calibration_reads_contexts_with_gold_answers(tokenizer):
     assert docs[0] == f"Question: {first['question']}\nAnswer: {first['choices'][first['label']]}"
 
 
-PPL = ["model=tiny-llama", "task=wikitext2_ppl", "pruner=wanda"]
+PPL = ["model=tiny-llama", "task=wikitext2_ppl", "pruner=wanda", "calib.seq_len=64"]  # within its 256 positions
 
 
 def test_calibrating_on_the_evaluated_split_is_refused_unless_allowed(data_dir):

@@ -332,3 +332,15 @@ def test_a_ratio_that_leaves_no_dimension_is_refused_before_the_model_loads(tmp_
     cfg = compose_cfg([*TINY_MC, "pruner=slicegpt", "sparsity=0.99", "calib=file", f"calib.path={text}"])
     with pytest.raises(ConfigError, match="sparsity=0.99 leaves no dimension of hidden_size=64"):
         validate(cfg)
+
+
+def test_calibration_thinner_than_the_kept_width_is_warned_about_before_slicing(caplog):
+    """tiny-llama keeps 48 of its 64 dimensions at sparsity 0.25; 8 windows of 32 tokens drawn from
+    its vocabulary hold far more distinct tokens than that, 2 windows of 4 tokens cannot."""
+    lm = tiny_llama()
+    SliceGPTPruner(batch_size=BATCH).apply(lm, batches(lm), 0.25)
+    assert "distinct tokens" not in caplog.text
+    thin = [{"input_ids": torch.tensor([[5, 6, 7, 8]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}] * 2
+    lm = tiny_llama()
+    SliceGPTPruner(batch_size=BATCH).apply(lm, thin, 0.25)
+    assert "SliceGPT keeps 48 dimensions, but the calibration holds 4 distinct tokens" in caplog.text

@@ -228,6 +228,27 @@ def model_context(model_cfg: DictConfig, config=None) -> int | None:
     return position_limit(config)
 
 
+def key_by_removed(cfg: DictConfig, pruner, config) -> None:
+    """Where the pruner's unit is coarse (whole experts), two asked sparsities can remove the same
+    thing: the job is recorded at what it removes, so its run key, and the sweep's cell, are that
+    model's, and a second ratio that removes it again is found FINISHED rather than run twice."""
+    keyed = pruner.keyed_sparsity(config, float(cfg.sparsity))
+    if abs(keyed - float(cfg.sparsity)) > 1e-12:
+        log.warning("sparsity=%s removes what sparsity=%g removes on model=%s (%s); recorded and keyed as "
+                    "sparsity=%g", cfg.sparsity, keyed, cfg.model.name, pruner.name, keyed)
+        with open_dict(cfg):
+            cfg.sparsity = keyed
+
+
+def check_calibration_length(calib_cfg: DictConfig, model_cfg: DictConfig, config) -> None:
+    """Windows longer than the positions the model was trained on give statistics of a model out of
+    its range (and take minutes to score): refused, as the evaluation refuses such prompts."""
+    seq_len, positions = calib_cfg.get("seq_len"), position_limit(config)
+    if isinstance(seq_len, int) and positions and seq_len > positions:
+        raise ConfigError(f"calib.seq_len={seq_len} is beyond model={model_cfg.name!r}'s {positions} positions "
+                          f"({' / '.join(POSITION_KEYS)} of its config); set calib.seq_len={positions} or less")
+
+
 def check_generation_budget(tasks: dict, model_cfg: DictConfig, context: int | None) -> None:
     """A generation task's max_gen_toks must leave room for a prompt in the model's positions (the
     engine refuses it too, once the model has loaded)."""
@@ -362,6 +383,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
             pruner.check_config(config, float(ratio))
         except ValueError as err:
             raise ConfigError(f"pruner={cfg.pruner.name!r} cannot apply to model={cfg.model.name!r}: {err}") from err
+        key_by_removed(cfg, pruner, config)
     with deferring(deferred):  # a plan: a dataset only the hub has is noted, not asked for
         tasks = build_tasks(cfg)
     for name, task in checked(tasks).items():
@@ -413,4 +435,5 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
         if shared and not calib.allow_eval_split:
             raise ConfigError(f"calib={cfg.calib.name!r} reads data that is evaluated ({shared}); calibrate on "
                               f"another split or source, or set calib.allow_eval_split=true to do it anyway")
+        check_calibration_length(cfg.calib, cfg.model, config)
     return tasks

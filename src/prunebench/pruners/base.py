@@ -14,6 +14,14 @@ def tower_hint(scope) -> str:
             if scope in TOWERS else "")
 
 
+def config_value(config, key: str):
+    """`key` of the config `check_config` is given: a tiny model's dict, a checkpoint's transformers
+    config, or None (not known before loading); None where it is not set."""
+    if config is None:
+        return None
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
 def torch_seed(owner: str, seed) -> int:
     """`seed` for torch's or numpy's generator, which take only an integer (Python's random takes a
     string too, validate.warn_seed); ValueError naming `owner`, the option that seeds it."""
@@ -57,6 +65,12 @@ class Pruner:
         """Raise ValueError if `sparsity` cannot apply to the model its `config` (a dict, or the
         checkpoint's transformers config, read before loading) describes, e.g. more experts removed
         than top-k routing leaves room for."""
+
+    def keyed_sparsity(self, config, sparsity: float) -> float:
+        """The sparsity that names what this pruner removes from the model `config` describes: the
+        asked one, unless the pruner's unit is coarse enough that two asked values remove the same
+        thing (whole experts), in which case the job is recorded, and keyed, at what is removed."""
+        return sparsity
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, torch.Tensor] | None:
         return None

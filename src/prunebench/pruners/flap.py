@@ -16,6 +16,7 @@ cannot run without inert slots that keep their parameters. With one key/value he
 
 from __future__ import annotations
 
+import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -25,11 +26,20 @@ from torch import nn
 from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.loaded import LoadedModel
 from prunebench.models.narrow import IN_PROJS, keep_neurons
+from prunebench.pruners.base import config_value
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, observe
 from prunebench.pruners.width import mlp_modules, sync_intermediate
 
+log = logging.getLogger(__name__)
+
 METRICS = ("IFV", "WIFV", "WIFN")  # input fluctuation, weighted by |W column|^2, weighted input norm
 STRUCTURES = ("AL-AM", "AL-MM", "UL-UM", "UL-MM")
+# what keeps each structure short of its target, said when it falls short by more than SHORTFALL
+EMPTIED = "a layer that loses every key/value group keeps one, zeroed, since attention cannot run with none; its weights still count"
+REACH = {"AL-AM": EMPTIED, "AL-MM": EMPTIED,
+         "UL-UM": "each layer removes int(sparsity x its groups) whole key/value groups",
+         "UL-MM": "remove_heads is spread over the layers in whole key/value groups"}
+SHORTFALL = 0.02
 
 
 class InputStats:
@@ -113,6 +123,36 @@ class Shape:
         unit = h.head_dim * (group * (q.in_features + h.out_proj.out_features) + k.in_features + v.in_features)
         neuron = sum(lin.in_features for lin in in_projs(mlp)) + mlp.down_proj.out_features
         return cls(len(heads), h.n_kv_heads, group * h.head_dim, mlp.down_proj.in_features, unit, neuron)
+
+    @classmethod
+    def from_config(cls, config) -> Shape | None:
+        """The same widths from the checkpoint's config, before the model loads; None where the config
+        does not say them. The MLP is taken as gated (gate/up/down), as in every family FLAP reaches."""
+        layers, hidden = config_value(config, "num_hidden_layers"), config_value(config, "hidden_size")
+        heads, neurons = config_value(config, "num_attention_heads"), config_value(config, "intermediate_size")
+        if not (layers and hidden and heads and neurons):
+            return None
+        kv_heads = config_value(config, "num_key_value_heads") or heads
+        head_dim = config_value(config, "head_dim") or hidden // heads
+        group = heads // kv_heads
+        return cls(layers, kv_heads, group * head_dim, neurons, head_dim * (2 * group * hidden + 2 * hidden), 3 * hidden)
+
+    def check_removal(self, structure: str, sparsity: float, remove_heads: int) -> None:
+        """The *-MM structures' `remove_heads` and the neurons left to remove must fit the model: the
+        release fails (or removes everything) past them."""
+        if structure == "UL-MM" and remove_heads // self.layers >= self.units:
+            raise ValueError(f"FLAP UL-MM: remove_heads={remove_heads} over {self.layers} layers removes "
+                             f"{remove_heads // self.layers} of each layer's {self.units} key/value groups; "
+                             f"at most {self.units * self.layers - 1} leaves one per layer")
+        if structure == "AL-MM" and remove_heads > self.layers * self.units:
+            raise ValueError(f"FLAP AL-MM: remove_heads={remove_heads} is more than the model's "
+                             f"{self.layers * self.units} key/value groups ({self.layers} layers x {self.units})")
+        count, available = self.neurons_to_remove(structure, sparsity, remove_heads), self.neurons
+        if structure == "AL-MM":
+            available *= self.layers
+        if count > available - (structure == "UL-MM"):
+            raise ValueError(f"FLAP {structure}: sparsity={sparsity} with remove_heads={remove_heads} asks for "
+                             f"{count} neurons of {available}; lower sparsity or raise remove_heads")
 
     def neurons_to_remove(self, structure: str, sparsity: float, remove_heads: int) -> int:
         """The release's cal_remove_neuron: the parameter budget of `sparsity` less what the removed
@@ -236,6 +276,11 @@ class FlapPruner(StructuredPruner):
         self.metric, self.structure, self.remove_heads = metric, structure, remove_heads
         self.bias, self.batch_size = bias, batch_size
 
+    def check_config(self, config, sparsity: float) -> None:
+        shape = Shape.from_config(config)
+        if shape is not None and self.structure.endswith("MM"):
+            shape.check_removal(self.structure, sparsity, self.remove_heads)
+
     def score(self, loaded: LoadedModel, calib=None):
         return flap_scores(loaded.model, calibration_batches(loaded, calib, self.batch_size), self.metric)
 
@@ -246,7 +291,12 @@ class FlapPruner(StructuredPruner):
         kept_groups, kept_neurons = allocate(self.structure, scores, sparsity, self.remove_heads, shape)
         prune_flap(loaded.model, scores, kept_groups, kept_neurons, self.bias)
         heads, mlps = layers(loaded.model)
-        return {"sparsity/actual": 1 - projection_params(heads, mlps) / before,
+        actual = 1 - projection_params(heads, mlps) / before
+        if sparsity - actual > SHORTFALL:
+            log.warning("FLAP %s removed %.3f of the attention and MLP projections' weights, short of sparsity=%g: "
+                        "its structure cannot reach more on this model (%s); sparsity/actual records what it removed",
+                        self.structure, actual, sparsity, REACH[self.structure])
+        return {"sparsity/actual": actual,
                 "sparsity/heads": 1 - sum(h.n_heads - len(h.inert()) for h in heads) / n_heads,
                 "sparsity/neurons": 1 - float(kept_neurons.float().mean()),
                 "flap/layers_without_heads": float(sum(not g.any() for g in kept_groups)),

@@ -17,6 +17,7 @@ from torch import nn
 
 from prunebench.models.attention import Heads, attention_heads, sync_config
 from prunebench.models.loaded import LoadedModel
+from prunebench.pruners.base import config_value
 from prunebench.models.narrow import IN_PROJS, keep_neurons
 from prunebench.pruners.structured import StructuredPruner, calibration_batches, differentiable_only, model_loss
 from prunebench.pruners.width import mlp_modules, sync_intermediate
@@ -154,7 +155,7 @@ class LLMPruner(StructuredPruner):
     def check_config(self, config, sparsity: float) -> None:
         """A layer range that leaves no layer of this model to prune (the release's indices, 4..30, on
         a shallower model) is refused before the model loads; torch's own error came after scoring began."""
-        layers = config.get("num_hidden_layers") if isinstance(config, dict) else getattr(config, "num_hidden_layers", None)
+        layers = config_value(config, "num_hidden_layers")
         if not layers:
             return
         attention, mlp = self.spans(layers)

@@ -18,11 +18,11 @@ import torch
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import input_square_sums
-from prunebench.pruners.base import Pruner
+from prunebench.pruners.base import Pruner, config_value
 from prunebench.pruners.matrices import Matrix, block_matrices
 from prunebench.pruners.structured import calibration_batches
 from prunebench.pruners.unstructured import (MODULES, MagnitudePruner, SparseGPTPruner, WandaPruner,
-                                             module_kind)
+                                             check_skip_layers, module_kind)
 
 # base -> (its class, which part of OWL's scores it prunes from)
 BASES = {"wanda": (WandaPruner, "norms"), "sparsegpt": (SparseGPTPruner, "samples"),
@@ -95,6 +95,18 @@ class OWLPruner(Pruner):
         cls, self.base_scores = BASES[base]
         self.base = cls(modules=modules, skip_layers=skip_layers, tower=tower, **options)
         self.m, self.lamda, self.modules = float(m), float(lamda), list(modules)
+
+    def check_config(self, config, sparsity: float) -> None:
+        """OWL's spread needs only the number of pruned blocks n: the block with the fewest outliers gets
+        sparsity + mean of the others' 2 lamda-scaled positions, at least sparsity + 2 lamda / n (one
+        block at the top, the rest at the bottom). Past 1 there, no outlier ratios can save the run."""
+        check_skip_layers(self.base.skip_layers, config)
+        layers = config_value(config, "num_hidden_layers")
+        n = (layers or 0) - len(self.base.skip_layers)
+        if n > 1 and sparsity + 2 * self.lamda / n > 1:
+            raise ValueError(f"pruner.lamda={self.lamda} at sparsity={sparsity} over {n} pruned blocks gives the "
+                             f"block with the fewest outliers a sparsity of at least {sparsity + 2 * self.lamda / n:.4f} "
+                             f"> 1; lower lamda below {(1 - sparsity) * n / 2:.4g}")
 
     def score(self, loaded: LoadedModel, calib=None) -> dict:
         samples = calibration_batches(loaded, calib, 1)

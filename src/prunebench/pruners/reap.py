@@ -125,6 +125,15 @@ def remove_experts(model: nn.Module, router: nn.Module, keep: torch.Tensor) -> N
         module.num_experts = len(keep)
 
 
+def full_config(config):
+    """A transformers config with its defaults: a tiny model's dict states only what it changes."""
+    if isinstance(config, dict):
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(**config)
+    return config
+
+
 class ReapPruner(Pruner):
     """`score`: reap (default) or another of the release's saliencies (SCORES).
     `renormalize_router_weights`: the release's flag (default true): rescale the top-k gate weights
@@ -143,12 +152,9 @@ class ReapPruner(Pruner):
         self.score_name, self.renormalize, self.batch_size = score, renormalize_router_weights, batch_size
 
     def check_config(self, config, sparsity: float) -> None:
+        config = full_config(config)
         if config is None:
             return
-        if isinstance(config, dict):  # a tiny model's: the config it builds, defaults included
-            from transformers import AutoConfig
-
-            config = AutoConfig.for_model(**config)
         if config.model_type not in ROUTERS:
             raise ValueError(f"expert pruning reaches the routers of {sorted(ROUTERS)}; this model is "
                              f"{config.model_type!r}")
@@ -158,6 +164,18 @@ class ReapPruner(Pruner):
             raise ValueError(f"sparsity={sparsity} removes {n - left} of {n} experts per layer, leaving {left}, fewer "
                              f"than the {top_k} each token is routed to (num_experts_per_tok); the most it can "
                              f"remove is {n - top_k} (sparsity < {(n - top_k + 1) / n:g})")
+        if n - left == 0:
+            raise ValueError(f"sparsity={sparsity} removes int({n} x {sparsity}) = 0 of the {n} experts per layer; "
+                             f"the least that removes one is sparsity={1 / n:g}")
+
+    def keyed_sparsity(self, config, sparsity: float) -> float:
+        """The fraction of experts removed, int(n x sparsity) / n: sparsity=0.8 of 8 experts removes the
+        same 6 as 0.75, and is recorded (and keyed) as 0.75, so a sweep does not evaluate one model twice."""
+        config = full_config(config)
+        if config is None or config.model_type not in ROUTERS:
+            return sparsity
+        n = getattr(config, expert_count_key(config))
+        return experts_removed(n, sparsity) / n
 
     def score(self, loaded: LoadedModel, calib=None) -> dict[int, dict[str, torch.Tensor]]:
         renormalize = self.renormalize and bool(getattr(loaded.model.config, "norm_topk_prob", False))

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, run_block
+from prunebench.pruners.base import config_value
 from prunebench.pruners.layers import LayerPruner
 from prunebench.pruners.structured import calibration_batches, observe
 
@@ -120,7 +121,7 @@ class SLEBPruner(LayerPruner):
 
     def check_config(self, config, sparsity: float) -> None:
         """The barriers keep blocks: refuse, before the model loads, a sparsity that would need them."""
-        layers = config.get("num_hidden_layers") if isinstance(config, dict) else getattr(config, "num_hidden_layers", None)
+        layers = config_value(config, "num_hidden_layers")
         if layers and self.count(layers, sparsity) > layers - self.early - self.latter:
             raise ValueError(f"sparsity={sparsity} removes {self.count(layers, sparsity)} of its {layers} blocks; SLEB "
                              f"never removes the first {self.early} and last {self.latter} (pruner.early_barrier, "

@@ -11,6 +11,8 @@ matrices that carry one stream's basis into the next (models/sliced.py)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -18,7 +20,10 @@ from prunebench.models.introspection import tower_config, transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.models.sliced import ScaleFreeRMSNorm, ShortcutBlock
 from prunebench.pruners.activations import block_calls, run_block
+from prunebench.pruners.base import config_value
 from prunebench.pruners.structured import StructuredPruner, calibration_batches
+
+log = logging.getLogger(__name__)
 
 ATTENTION_INPUTS, MLP_INPUTS = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
 LINEARS = {"self_attn": (*ATTENTION_INPUTS, "o_proj"), "mlp": (*MLP_INPUTS, "down_proj")}
@@ -39,6 +44,20 @@ def sliced_width(hidden: int, sparsity: float, round_interval: int) -> int:
     if width < 1:
         raise ValueError(f"sparsity={sparsity} leaves no dimension of hidden_size={hidden} at round_interval={round_interval}")
     return width
+
+
+def warn_thin_calibration(samples: list[dict], width: int) -> None:
+    """The first PCA is taken on token embeddings, so its rank is at most the number of distinct
+    calibration tokens; with fewer than the kept width, the cut falls among equal (zero) eigenvalues
+    and which directions survive is decided by rounding, not by the data."""
+    ids = [batch["input_ids"][batch["attention_mask"].bool()] if "attention_mask" in batch else batch["input_ids"]
+           for batch in samples]
+    distinct = int(torch.cat([i.flatten().cpu() for i in ids]).unique().numel())
+    if distinct < width:
+        log.warning("SliceGPT keeps %d dimensions, but the calibration holds %d distinct tokens, so the first "
+                    "PCA has at most %d nonzero eigenvalues and the directions kept past them are chosen by "
+                    "rounding; calibrate on more text (the release: 128 windows of 2048 tokens, calib=wikitext2)",
+                    width, distinct, distinct)
 
 
 def norm_eps(norm: nn.Module) -> float | None:
@@ -237,10 +256,10 @@ class SliceGPTPruner(StructuredPruner):
     def check_config(self, config, sparsity: float) -> None:
         """Gemma 2 and 3 refused by their model_type before they load (check_llama_like refuses any
         other block it cannot slice once the model has loaded)."""
-        model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+        model_type = config_value(config, "model_type")
         if model_type in REFUSED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r}: {POST_NORMS}")
-        hidden = config.get("hidden_size") if isinstance(config, dict) else getattr(config, "hidden_size", None)
+        hidden = config_value(config, "hidden_size")
         if hidden:
             sliced_width(hidden, sparsity, self.round_interval)  # a ratio that leaves no dimension
 
@@ -251,6 +270,7 @@ class SliceGPTPruner(StructuredPruner):
         check_llama_like(loaded.model)
         hidden = tower_config(loaded.model, "language").hidden_size
         width = sliced_width(hidden, sparsity, self.round_interval)
+        warn_thin_calibration(samples, width)
         fuse_norms(loaded.model)
         rotate_and_slice(loaded.model, samples, width, self.damp)
         return {"sparsity/actual": 1 - width / hidden}

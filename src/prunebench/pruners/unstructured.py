@@ -15,7 +15,7 @@ import torch
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_calls, input_grams, input_square_sums, run_block
-from prunebench.pruners.base import Pruner, torch_seed, tower_hint
+from prunebench.pruners.base import Pruner, config_value, torch_seed, tower_hint
 from prunebench.pruners.masks import MASK_RULES, lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 from prunebench.pruners.structured import calibration_batches
@@ -58,6 +58,9 @@ class UnstructuredPruner(Pruner):
                 raise ValueError(f"pruner.pattern='{n}:{m}' removes exactly {(m - n) / m:g} of the weights; "
                                  f"set sparsity={(m - n) / m:g} (or 0 for the dense baseline), not {sparsity}")
 
+    def check_config(self, config, sparsity: float) -> None:
+        check_skip_layers(self.skip_layers, config)
+
     def targets_by_block(self, model: torch.nn.Module) -> list[dict[str, Matrix]]:
         prefix, blocks = transformer_blocks(model)
         return [{} if idx in self.skip_layers else
@@ -91,6 +94,15 @@ class UnstructuredPruner(Pruner):
             for name, mask in self.masks(self.importance(targets, scores), ratio).items():
                 targets[name].weight.masked_fill_(mask, 0)
         return sparsity_stats({n: m for targets, _ in groups for n, m in targets.items()})
+
+
+def check_skip_layers(skip_layers: set[int], config) -> None:
+    """A block index the model does not have would be skipped silently, so the user's intent (a
+    block kept dense) would not happen; refused with the model's depth."""
+    layers = config_value(config, "num_hidden_layers")
+    wrong = sorted(i for i in skip_layers if layers and not 0 <= i < layers)
+    if wrong:
+        raise ValueError(f"pruner.skip_layers={sorted(skip_layers)}: the model has blocks 0..{layers - 1}, not {wrong}")
 
 
 @contextmanager
