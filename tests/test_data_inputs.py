@@ -49,7 +49,7 @@ def test_a_job_reading_only_the_hub_keeps_its_key_and_calibration_data_counts_on
     calib = tmp_path / "calib.txt"
     calib.write_text("some calibration text " * 50)
     pruned = compose_cfg(["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
-                          "pruner=wanda", "calib=file", f"calib.path={calib}"])
+                          "pruner=wanda", "calib=file", f"calib.path={calib}", "calib.seq_len=64"])
     inputs = job_inputs(pruned, validate(pruned))
     assert set(inputs) == {"task:local_mc", "calib"}
     assert inputs["calib"] == {str(calib.resolve()): hashlib.sha256(calib.read_bytes()).hexdigest()}

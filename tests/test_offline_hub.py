@@ -164,7 +164,7 @@ def test_the_wheels_tasks_run_with_no_data_dir_and_no_hub(offline, task):
 
 
 def test_a_plan_names_the_hub_datasets_its_jobs_need_and_asks_nothing(offline):
-    proc, seconds = prunebench(offline, "-m", "model=tiny-llama", "pruner=wanda", "sparsity=0.3,0.5", "calib=wikitext2",
+    proc, seconds = prunebench(offline, "-m", "model=tiny-llama", "pruner=wanda", "sparsity=0.3,0.5", "calib=wikitext2", "calib.seq_len=128",
                                "task=lm_eval", "task.lm_eval=[boolq,sciq]", "plan=true")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "Retrying" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
