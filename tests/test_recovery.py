@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from conftest import TINY_MC, compose_cfg
 from prunebench.job import prune, run
 from prunebench.recovery.train import recover
-from prunebench.tracking.run_key import dense_key, run_key
+from prunebench.tracking.run_key import dense_key, identity, run_key
 from prunebench.validate import ConfigError, recovery_data, validate
 
 TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
@@ -34,7 +34,8 @@ def recovery_overrides(path, *more) -> list[str]:
 
 
 def recovered(overrides: list[str]):
-    """(the pruned model after recovery, its metrics, its step history, the pruning's stats)."""
+    """(the pruned model after recovery, its parameters before it, its metrics, its step history, the
+    pruning's stats)."""
     cfg = compose_cfg(TINY_MC + overrides)
     validate(cfg)
     loaded, _, stats, _ = prune(cfg, dense=False)
@@ -108,8 +109,7 @@ def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pru
     lora = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3), *recovery_overrides(text_file)])
     keys = {run_key(cfg, job_inputs(cfg, validate(cfg))) for cfg in (plain, lora)}
     assert len(keys) == 2
-    assert job_inputs(lora, validate(lora))["recovery"] == job_inputs(lora, validate(lora))["recovery"]  # digested
-    assert str(text_file) in job_inputs(lora, validate(lora))["recovery"]
+    assert list(job_inputs(lora, validate(lora))["recovery"]) == [str(text_file)]  # digested like a task file
     # the dense baseline of both is the one dense run (a dense model is not recovered)
     assert dense_key(plain, job_inputs(plain, validate(plain))) == dense_key(lora, job_inputs(lora, validate(lora)))
     assert score_identity(plain, True) == score_identity(lora, True)
@@ -123,8 +123,7 @@ def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pru
 
 
 def test_recovery_none_keeps_the_run_keys_of_before_the_group():
-    cfg = compose_cfg(TINY_MC)
-    assert "recovery" not in __import__("prunebench.tracking.run_key", fromlist=["identity"]).identity(cfg)
+    assert "recovery" not in identity(compose_cfg(TINY_MC))
 
 
 def bad_data(tmp_path) -> dict[str, tuple[list[str], str]]:
