@@ -123,6 +123,8 @@ def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pru
 
 
 def test_recovery_none_keeps_the_run_keys_of_before_the_group():
+    # recovery=none takes lora's options, unused, so that a sweep over recovery=none,lora shares its overrides
+    assert run_key(compose_cfg(TINY_MC)) == run_key(compose_cfg(TINY_MC + ["recovery=none", "recovery.max_steps=3"]))
     assert "recovery" not in identity(compose_cfg(TINY_MC))
 
 
