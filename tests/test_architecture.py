@@ -19,6 +19,9 @@ ALLOWED = {
     "tracking": {"api", "cache"},
     "judges": {"cache", "models"},
     "report": {"api", "tracking", "paths"},
+    # recovery fine-tuning: its data (corpora, calibration's window sampler, evaluation's windows) and
+    # its training on the model adapter, with the job's memory peaks (bench)
+    "recovery": {"models", "corpora", "calibration", "evaluation", "bench"},
 }
 
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from prunebench.export import export_folder, export_model
     from prunebench.job import prune
     from prunebench.models.introspection import count_parameters
-    from prunebench.tracking.run_key import is_dense
+    from prunebench.tracking.run_key import is_dense, recovering
     from prunebench.validate import check_export
 
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except (MlflowException, OSError) as err:
         print(f"prunebench-export: no prunebench run {args.run_id!r} with a config.yaml in "
               f"{mlflow.get_tracking_uri()}: {err}", file=sys.stderr)
+        return 2
+    if recovering(cfg) and not is_dense(cfg):
+        print(f"prunebench-export: run {args.run_id} recovered its model by fine-tuning (recovery="
+              f"{cfg.recovery.name}), which a rebuild from scores does not repeat; rerun the job with export=true",
+              file=sys.stderr)
         return 2
     with open_dict(cfg):
         cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded

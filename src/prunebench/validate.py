@@ -27,8 +27,10 @@ from prunebench.models.loaded import DTYPES
 from prunebench.models.pretrained import POSITION_KEYS, checkpoint_config, position_limit
 from prunebench.paths import CONF_DIR
 from prunebench.pruners.base import torch_seed
+from prunebench.recovery.data import RecoveryData
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
+from prunebench.tracking.run_key import is_dense, recovering
 from prunebench.tracking.store import check_uri, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -278,6 +280,66 @@ def check_judges(tasks: dict) -> None:
                 raise ConfigError(f"task {member.name}'s judge ({judge.model}): {err}") from None
 
 
+# the families whose causal LM a recovery trains (an adapter on their Linear projections)
+RECOVERY_FAMILIES = ("causal_lm", "moe")
+RECOVERY_CHOICES = {"objective": ("lm", "distill"), "parameters": ("lora", "full")}
+RECOVERY_COUNTS = ("seq_len", "batch_size", "micro_batch_size", "epochs", "val_samples", "val_every")
+
+
+def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> RecoveryData:
+    """The recovery's data, its options checked (not the data itself: `check_recovery`)."""
+    options = OmegaConf.to_container(cfg.recovery, resolve=True)
+    task = None
+    if options["data"] == "task" and cfg.recovery.get("task") is not None:
+        with deferring(deferred):
+            task = instantiate(cfg.recovery.task, _convert_="all")
+    try:
+        return RecoveryData(options, cfg.get("data_dir"), task)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | None = None) -> None:
+    """recovery=...: its options, the model family, a sequence length the model reads, and its data
+    (there, non-empty, the alpaca schema, one batch besides the held-out examples), before any model
+    loads. A dense job trains nothing (its run key leaves recovery out), so it is not checked."""
+    if not recovering(cfg) or is_dense(cfg):
+        return
+    rec = cfg.recovery
+    if cfg.model.family not in RECOVERY_FAMILIES:
+        raise ConfigError(f"recovery={rec.name} trains a causal language model, but model={cfg.model.name!r} is "
+                          f"family {cfg.model.family!r}; recovery works for {list(RECOVERY_FAMILIES)}, else recovery=none")
+    for key, valid in RECOVERY_CHOICES.items():
+        if rec[key] not in valid:
+            raise ConfigError(f"recovery.{key}={rec[key]!r}; valid: {list(valid)}")
+    for key in RECOVERY_COUNTS:
+        value = rec[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"recovery.{key}={value!r} must be a positive integer")
+    for key in ("max_steps", "n_samples", "early_stopping_patience"):
+        value = rec[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"recovery.{key}={value!r} must be a positive integer or null")
+    if rec.seq_len < 2:
+        raise ConfigError(f"recovery.seq_len={rec.seq_len} must be at least 2 (one token to read, one to predict)")
+    if rec.batch_size % rec.micro_batch_size:
+        raise ConfigError(f"recovery.batch_size={rec.batch_size} is not a multiple of recovery.micro_batch_size="
+                          f"{rec.micro_batch_size} (the micro-batches accumulated into one step)")
+    for key in ("lr", "temperature"):
+        if isinstance(rec[key], bool) or not isinstance(rec[key], (int, float)) or rec[key] <= 0:
+            raise ConfigError(f"recovery.{key}={rec[key]!r} must be a positive number")
+    if context is not None and rec.seq_len > context:
+        raise ConfigError(f"recovery.seq_len={rec.seq_len} is beyond model={cfg.model.name!r}'s {context} positions "
+                          f"(model.max_length, else its config's {' / '.join(POSITION_KEYS)}); set recovery.seq_len<={context}")
+    try:
+        torch_seed("recovery.seed", rec.seed)
+        data = recovery_data(cfg, deferred)
+        with deferring(deferred):
+            data.check()
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(str(err)) from None
+
+
 def calibration_config(cfg: DictConfig) -> DictConfig:
     """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
     overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
@@ -392,6 +454,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
     check_generation_budget(checked(tasks), cfg.model, context)
+    check_recovery(cfg, context, deferred)
     check_judges(checked(tasks))
     if cfg.bench.name != "none":
         options = OmegaConf.to_container(cfg.bench, resolve=True)

@@ -28,6 +28,11 @@ def is_dense(cfg: DictConfig) -> bool:
     return cfg.pruner.name == "none" or float(cfg.sparsity) == 0.0
 
 
+def recovering(cfg: DictConfig) -> bool:
+    """A recovery fine-tune is configured (recovery=none, or a config from before the group, has none)."""
+    return OmegaConf.select(cfg, "recovery.name", default="none") != "none"
+
+
 def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> dict:
     """`inputs`: the digests of the local data the job reads ({context: {path: digest}}, inputs.py),
     so a changed file is a new run; calibration data counts only where calibration does. The root
@@ -75,12 +80,17 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
         for key, default in JUDGE_DEFAULTS.items():
             if judge.get(key) == default:
                 judge.pop(key)
+    # no recovery is what every run did before the group existed, and a dense model is not recovered
+    # (the papers' baseline): runs stored then, and dense baselines, keep their keys
+    if not recovering(cfg) or is_dense(cfg):
+        data.pop("recovery", None)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0
     if is_dense(cfg) or not get_class(data["pruner"]["_target_"]).needs_calibration:
         data.pop("calib", None)
-    read = {context: files for context, files in (inputs or {}).items() if context != "calib" or "calib" in data}
+    read = {context: files for context, files in (inputs or {}).items()
+            if (context != "calib" or "calib" in data) and (context != "recovery" or "recovery" in data)}
     if read:  # a job reading only hub datasets keeps the key it had before inputs were keyed
         data["inputs"] = read
     return data

@@ -1,0 +1,181 @@
+"""What a recovery trains on, as token examples {input_ids, labels}, and the checks that refuse bad
+data before any model loads.
+
+Two shapes of data, as the released recipes read them:
+- instruction records {instruction, input, output} (alpaca-cleaned, a local JSON/JSONL): each record
+  in Stanford Alpaca's template with its response appended, cut at `seq_len`, EOS appended where it
+  fits, the prompt's labels ignored unless `train_on_inputs` (LLM-Pruner's post_training.py);
+- text (WikiText-2's train split, a plain-text file, a task's documents): windows of `seq_len`
+  tokens, consecutive, or `n_samples` at random starts per seed (SliceGPT's run_finetuning.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+from prunebench.calibration import Calibration
+from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
+                                load_rows)
+from prunebench.evaluation.encoding import window_prefix
+
+DATA = ("alpaca", "file", "wikitext2", "task")
+RECORD_KEYS = ("instruction", "output")
+IGNORED = -100  # the label torch's cross-entropy (and transformers' loss) skips
+
+
+def read_records(path: Path) -> list:
+    """The records of a .json (one list) or .jsonl (one per line) file, .gz too; ValueError naming
+    the line that is not JSON."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        text = handle.read()
+    if ".jsonl" in path.suffixes:
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"recovery.path={str(path)!r} line {number} is not JSON ({err.msg})") from None
+        return records
+    try:
+        records = json.loads(text) if text.strip() else []
+    except json.JSONDecodeError as err:
+        raise ValueError(f"recovery.path={str(path)!r} is not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(records, list):
+        raise ValueError(f"recovery.path={str(path)!r} holds a JSON {type(records).__name__}, not a list of "
+                         f"{{instruction, input, output}} records")
+    return records
+
+
+def check_records(records: list, path: str) -> None:
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict) or not all(isinstance(record.get(key), str) for key in RECORD_KEYS):
+            shown = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"recovery.path={path!r} record {number} has {shown}; each record needs string fields "
+                             f"{list(RECORD_KEYS)} (and optionally input): the alpaca schema")
+
+
+class RecoveryData:
+    """`options`: the resolved `recovery` config; `task`: the task definition data=task reads."""
+
+    def __init__(self, options: dict, data_dir: str | None = None, task=None):
+        self.options, self.data_dir, self.task = options, data_dir, task
+        self.kind = options["data"]
+        if self.kind not in DATA:
+            raise ValueError(f"recovery.data={self.kind!r}; valid: {list(DATA)}")
+        if self.kind == "file" and not options.get("path"):
+            raise ValueError("recovery.data=file needs recovery.path=FILE (JSON/JSONL alpaca records, or plain text)")
+        if self.kind == "task" and task is None:
+            raise ValueError("recovery.data=task needs a task definition: +task_library@recovery.task=NAME "
+                             "recovery.task.source.path=TRAIN_FILE (a split that is not evaluated)")
+
+    @property
+    def path(self) -> Path | None:
+        return Path(self.options["path"]).expanduser() if self.kind == "file" else None
+
+    def records_file(self) -> bool:
+        return self.kind == "alpaca" or (self.kind == "file" and is_json(self.path))
+
+    def corpus(self):
+        """The text that windows are cut from (None for instruction records)."""
+        if self.kind == "wikitext2":
+            return WikiText2("train", self.data_dir)
+        if self.kind == "task":
+            return TaskText(self.task)
+        return None if self.records_file() else TextFile(str(self.path))
+
+    def data_ids(self) -> set[str]:
+        if self.kind == "alpaca":
+            return {f"hf:{ALPACA_HUB}"}
+        if self.kind == "file":
+            return {data_id(str(self.path))}
+        return self.corpus().data_ids()
+
+    def check(self) -> None:
+        """Before any model loads: the data exists (a hub dataset is asked for once, hub.py), is not
+        empty, has the alpaca schema where it is records, and holds one batch besides the held-out
+        examples. Text is counted here at one byte a token at most (its tokens are not known before
+        the tokenizer loads); `examples` counts them again once they are."""
+        if self.kind == "alpaca":
+            Alpaca().check()
+            return
+        if self.kind != "file":
+            self.corpus().check()
+            return
+        path = self.path
+        if not path.is_file():
+            raise FileNotFoundError(f"recovery.path={str(path)!r} does not exist; give a JSON/JSONL file of alpaca "
+                                    f"records {{instruction, input, output}}, or a plain-text file")
+        if not self.records_file():
+            TextFile(str(path)).check()  # refuses an empty file
+            windows = path.stat().st_size // (self.options["seq_len"] - 1)
+            self.check_count(self.options["n_samples"] or windows, f"at most {windows} windows of "
+                             f"recovery.seq_len={self.options['seq_len']} tokens")
+            return
+        records = read_records(path)
+        if not records:
+            raise ValueError(f"recovery.path={str(path)!r} holds no records; give alpaca records "
+                             f"{{instruction, input, output}}")
+        check_records(records, str(path))
+        self.check_count(len(records), f"{len(records)} records")
+
+    def check_count(self, count: int, what: str) -> None:
+        held, batch = self.options["val_samples"], self.options["batch_size"]
+        if count - held < batch:
+            raise ValueError(f"recovery.path={str(self.path)!r} has {what}: fewer than one batch "
+                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out; give "
+                             f"more data, or lower recovery.batch_size / recovery.val_samples")
+
+    def examples(self, tokenizer) -> list[dict[str, list[int]]]:
+        if self.records_file():
+            rows = read_records(self.path.resolve()) if self.kind == "file" else load_rows(ALPACA_HUB)
+            if self.kind == "file":
+                check_records(rows, str(self.path))
+            made = [self.instruction_example(tokenizer, row) for row in rows]
+            return [e for e in made if any(label != IGNORED for label in e["labels"][1:])]
+        return self.windows(tokenizer)
+
+    def instruction_example(self, tokenizer, row: dict) -> dict[str, list[int]]:
+        """LLM-Pruner's tokenisation: the whole text cut at seq_len, EOS appended where it fits; without
+        `train_on_inputs`, the prompt's positions (as the prompt alone tokenises) get no label. An
+        example whose prompt fills seq_len has no label left and is dropped by `examples`."""
+        options = self.options
+        template = ALPACA_TEMPLATES[options["template"]]
+        prompt = template[bool(row.get("input"))].format(instruction=row["instruction"], input=row.get("input", ""))
+        ids = tokenizer(prompt + row["output"], truncation=True, max_length=options["seq_len"])["input_ids"]
+        if tokenizer.eos_token_id is not None and ids[-1] != tokenizer.eos_token_id and len(ids) < options["seq_len"]:
+            ids.append(tokenizer.eos_token_id)
+        labels = list(ids)
+        if not options["train_on_inputs"]:
+            prompt_len = len(tokenizer(prompt, truncation=True, max_length=options["seq_len"])["input_ids"])
+            labels[:prompt_len] = [IGNORED] * min(prompt_len, len(labels))
+        return {"input_ids": ids, "labels": labels}
+
+    def windows(self, tokenizer) -> list[dict[str, list[int]]]:
+        """Consecutive windows of the text (each starting with the BOS evaluation gives a window), or
+        `n_samples` at random starts drawn per seed, by calibration's own sampler."""
+        from prunebench.evaluation.windows import token_windows
+
+        options, corpus = self.options, self.corpus()
+        if options["n_samples"]:
+            windows = Calibration(corpus, f"recovery {self.kind}", options["n_samples"], options["seq_len"],
+                                  options["seed"]).samples(tokenizer)
+        else:
+            ids = tokenizer.encode(corpus.text(), add_special_tokens=False)
+            windows = token_windows(ids, options["seq_len"], window_prefix(tokenizer))
+        return [{"input_ids": w, "labels": w} for w in windows.tolist()]
+
+    def split(self, examples: list) -> tuple[list, list]:
+        """(train, validation): `val_samples` held out at random per seed, as LLM-Pruner's
+        train_test_split holds out its validation set. ValueError when the rest is under one batch."""
+        held, batch = self.options["val_samples"], self.options["batch_size"]
+        if len(examples) - held < batch:
+            raise ValueError(f"recovery data {sorted(self.data_ids())}: {len(examples)} examples of "
+                             f"recovery.seq_len={self.options['seq_len']} tokens leave fewer than one batch "
+                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out")
+        order = list(range(len(examples)))
+        random.Random(self.options["seed"]).shuffle(order)
+        return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]

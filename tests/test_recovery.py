@@ -1,0 +1,181 @@
+"""Recovery fine-tuning (recovery=...): Lightning's Trainer.fit with peft's LoRA on a tiny random
+Llama, the merged model as deployed, its run key and its refusals (docs/recovery.md)."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.job import prune, run
+from prunebench.recovery.train import recover
+from prunebench.tracking.run_key import dense_key, identity, run_key
+from prunebench.validate import ConfigError, recovery_data, validate
+
+TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "recovery.txt"
+    path.write_text(TEXT * 60)
+    return path
+
+
+def recovery_overrides(path, *more) -> list[str]:
+    """A quick recovery on the text file: 32-token windows, 2 micro-batches of 2 a step."""
+    return ["recovery=lora", "recovery.data=file", f"recovery.path={path}", "recovery.seq_len=32",
+            "recovery.batch_size=4", "recovery.micro_batch_size=2", "recovery.val_samples=4",
+            "recovery.warmup_steps=0", *more]
+
+
+def recovered(overrides: list[str]):
+    """(the pruned model after recovery, its parameters before it, its metrics, its step history, the
+    pruning's stats)."""
+    cfg = compose_cfg(TINY_MC + overrides)
+    validate(cfg)
+    loaded, _, stats, _ = prune(cfg, dense=False)
+    options = OmegaConf.to_container(cfg.recovery, resolve=True)
+    before = {name: p.detach().clone() for name, p in loaded.model.named_parameters()}
+    metrics, history = recover(loaded, options, recovery_data(cfg), cfg.trainer)
+    return loaded, before, metrics, history, stats
+
+
+def test_the_training_loss_decreases_over_steps(text_file, one_thread):
+    _, _, metrics, history, _ = recovered(recovery_overrides(text_file, "recovery.max_steps=10", "recovery.lr=1e-2",
+                                                                    "recovery.val_every=4", "sparsity=0.3"))
+    losses = [h["recovery/train_loss"] for h in history if "recovery/train_loss" in h]
+    assert len(losses) == 10 == metrics["recovery/steps"]
+    # a random model on one repeated sentence: LoRA at lr 1e-2 lowers the loss by far more than the
+    # step-to-step noise of 2-example micro-batches (about 0.1 nats here)
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3
+    vals = [h["recovery/val_loss"] for h in history if "recovery/val_loss" in h]
+    assert [h["step"] for h in history if "recovery/val_loss" in h] == [4, 8] and vals[-1] < vals[0]
+    assert [h["recovery/lr"] for h in history if "recovery/lr" in h][0] == pytest.approx(1e-2)  # no warm-up: the peak first
+    assert metrics["recovery/tokens"] == 10 * 4 * 32  # 10 steps of 4 full windows, within the first epoch (46)
+
+
+def test_a_structured_model_keeps_its_pruned_shapes_with_the_adapter_merged_in(text_file, calib_text, one_thread):
+    loaded, before, metrics, _, _ = recovered(recovery_overrides(text_file, "recovery.max_steps=2", "pruner=llm_pruner",
+                                                                 *calib_text(3)))
+    after = dict(loaded.model.named_parameters())
+    assert {name: p.shape for name, p in after.items()} == {name: p.shape for name, p in before.items()}
+    assert after["model.layers.0.mlp.up_proj.weight"].shape == (64, 64)  # halved from 128 neurons by the pruning
+    assert not any("lora" in name for name in after)  # merged: a plain Llama again
+    changed = [name for name, p in after.items() if not torch.equal(p, before[name])]
+    # the adapter's targets moved, nothing else did
+    assert changed and all(name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                        "down_proj") for name in changed)
+    assert metrics["recovery/remask_loss_delta"] == 0.0  # nothing to re-mask: the narrowed weights hold no zeros
+
+
+@pytest.mark.parametrize("extra", [["pruner=magnitude"], ["pruner=magnitude", "recovery=distill", "recovery.parameters=full"],
+                                   ["pruner=wanda", "pruner.pattern='2:4'", "sparsity=0.5"]],
+                         ids=["lora", "distill_full", "lora_2_4"])
+def test_the_masked_merge_keeps_every_zero_of_the_pruning(text_file, calib_text, extra, one_thread):
+    overrides = recovery_overrides(text_file, "recovery.max_steps=3", "recovery.lr=1e-2", *extra, *calib_text(3))
+    cfg = compose_cfg(TINY_MC + overrides)
+    teacher = None
+    if "recovery=distill" in extra:
+        from prunebench.models.cache import get_model
+
+        teacher = get_model(cfg.model).model.requires_grad_(False)
+    loaded, _, stats, _ = prune(cfg, dense=False)
+    before = {name: p.detach().clone() for name, p in loaded.model.named_parameters()}
+    metrics, history = recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg),
+                               cfg.trainer, teacher)
+    after = dict(loaded.model.named_parameters())
+    zeros = {name: p == 0 for name, p in before.items() if not p.all()}
+    assert zeros  # the pruning left zeros
+    for name, mask in zeros.items():
+        assert not after[name][mask].any(), name
+        assert (after[name] != 0).sum() == (~mask).sum(), name  # and made no new ones: sparsity/actual holds
+    assert any(not torch.equal(after[name], before[name]) for name in zeros)  # the recovery did change them
+    assert metrics["recovery/loss_deployed"] - metrics["recovery/loss_unmerged"] == metrics["recovery/remask_loss_delta"]
+    assert len([h for h in history if "recovery/train_loss" in h]) == 3
+
+
+def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pruning_score(text_file, calib_text, tmp_path,
+                                                                                         monkeypatch, one_thread):
+    from prunebench.inputs import job_inputs
+    from prunebench.job import score_identity
+
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+    plain = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3)])
+    lora = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3), *recovery_overrides(text_file)])
+    keys = {run_key(cfg, job_inputs(cfg, validate(cfg))) for cfg in (plain, lora)}
+    assert len(keys) == 2
+    assert list(job_inputs(lora, validate(lora))["recovery"]) == [str(text_file)]  # digested like a task file
+    # the dense baseline of both is the one dense run (a dense model is not recovered)
+    assert dense_key(plain, job_inputs(plain, validate(plain))) == dense_key(lora, job_inputs(lora, validate(lora)))
+    assert score_identity(plain, True) == score_identity(lora, True)
+    assert prune(plain, dense=False)[2]["prunebench.score_cache"] == "miss"
+    assert prune(lora, dense=False)[2]["prunebench.score_cache"] == "hit"
+    # another recovery file is another run: its digest is in the key
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.upper() * 60)
+    again = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3), *recovery_overrides(other)])
+    assert run_key(again, job_inputs(again, validate(again))) not in keys
+
+
+def test_recovery_none_keeps_the_run_keys_of_before_the_group():
+    # recovery=none takes lora's options, unused, so that a sweep over recovery=none,lora shares its overrides
+    assert run_key(compose_cfg(TINY_MC)) == run_key(compose_cfg(TINY_MC + ["recovery=none", "recovery.max_steps=3"]))
+    assert "recovery" not in identity(compose_cfg(TINY_MC))
+
+
+def bad_data(tmp_path) -> dict[str, tuple[list[str], str]]:
+    records = [{"instruction": f"Say {i}.", "input": "", "output": str(i)} for i in range(6)]
+    (tmp_path / "few.json").write_text(json.dumps(records))
+    (tmp_path / "schema.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "short.txt").write_text("a few words")
+    return {
+        "missing": ([f"recovery.path={tmp_path / 'absent.json'}"], r"recovery.path='.*absent.json' does not exist"),
+        "empty": ([f"recovery.path={tmp_path / 'empty.txt'}"], r"is empty"),
+        "schema": ([f"recovery.path={tmp_path / 'schema.jsonl'}"],
+                   r"record 1 has \['completion', 'prompt'\]; each record needs string fields \['instruction', 'output'\]"),
+        "fewer_than_a_batch": ([f"recovery.path={tmp_path / 'few.json'}", "recovery.val_samples=4"],
+                               r"has 6 records: fewer than one batch \(recovery.batch_size=4\) besides the "
+                               r"recovery.val_samples=4 held out"),
+        "short_text": ([f"recovery.path={tmp_path / 'short.txt'}"], r"has at most 0 windows"),
+        "beyond_context": ([f"recovery.path={tmp_path / 'few.json'}", "recovery.seq_len=512"],
+                           r"recovery.seq_len=512 is beyond model='tiny-llama''s 256 positions"),
+        "no_path": (["recovery.path=null"], r"recovery.data=file needs recovery.path=FILE"),
+        "micro_batch": ([f"recovery.path={tmp_path / 'few.json'}", "recovery.micro_batch_size=3"],
+                        r"recovery.batch_size=4 is not a multiple of recovery.micro_batch_size=3"),
+        "bad_data_kind": (["recovery.data=c4"], r"recovery.data='c4'; valid: \['alpaca', 'file', 'wikitext2', 'task'\]"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "schema", "fewer_than_a_batch", "short_text", "beyond_context",
+                                  "no_path", "micro_batch", "bad_data_kind"])
+def test_bad_recovery_data_is_refused_before_the_model_loads(store, tmp_path, monkeypatch, case):
+    import prunebench.job
+
+    overrides, message = bad_data(tmp_path)[case]
+    monkeypatch.setattr(prunebench.job, "get_model", lambda *a: pytest.fail("the model was loaded"))
+    cfg = compose_cfg(TINY_MC + recovery_overrides("unused", *overrides))
+    with pytest.raises(ConfigError, match=message):
+        run(cfg)
+
+
+def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(store, text_file):
+    overrides = recovery_overrides(text_file, "recovery.max_steps=3", "recovery.val_every=2")
+    metrics = run(compose_cfg(TINY_MC + overrides), overrides)
+    client = mlflow.tracking.MlflowClient(store)
+    (pruned,) = client.search_runs(client.get_experiment_by_name("prunebench").experiment_id,
+                                   "tags.`prunebench.recovery` = 'lora'")
+    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/train_loss")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/val_loss")] == [2]
+    assert len(client.get_metric_history(pruned.info.run_id, "recovery/lr")) == 3
+    for key in ("recovery/tokens", "recovery/seconds", "recovery/peak_host_gb", "recovery/loss_deployed",
+                "recovery/remask_loss_delta"):
+        assert key in pruned.data.metrics, key
+    assert metrics["recovery/nonzero_delta"] == 0.0 and metrics["sparsity/actual"] == pytest.approx(0.5, abs=1e-3)
+    assert pruned.data.tags["prunebench.recovery_data"].startswith("recovery.txt@")
+    assert metrics["recovery/steps"] == 3
