@@ -58,7 +58,7 @@ def title_and_rest(heading: str) -> tuple[str, str]:
     return " · ".join(title), " · ".join(rest)
 
 
-# points of a 7-point caption line, and the characters one inch of it holds
+# the caption's font size (points), and how many of its characters one inch of a line holds
 CAPTION_FONT, CAPTION_CHARS_PER_INCH = 7, 16
 
 
