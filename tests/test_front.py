@@ -33,3 +33,16 @@ def test_front_per_setting_flags_the_undominated_runs_and_names_the_untimed():
 
 def test_no_latency_column_means_no_section():
     assert speed_front_section(table().drop(columns="latency/speedup")) == ("", None)
+
+
+def test_a_front_of_one_point_shows_and_each_point_names_its_ratio():
+    """A front of one point is no line: ringed, it still shows. A pruner's points share a marker,
+    so each names its ratio; a setting at one ratio names it once, on the axis."""
+    rows = table()
+    rows.loc[rows.run_id == "s2", "latency/speedup"] = 0.9  # slower and worse than dense: the front is dense alone
+    _, fig = speed_front_section(rows)
+    several, single = fig.axes
+    (front,) = [line for line in single.get_lines() if line.get_label() == "Pareto front"]
+    assert list(front.get_xdata()) == [1.0] and front.get_marker() == "o"
+    assert single.get_xlabel() == "measured speedup over dense (sparsity 0.3)" and not single.texts
+    assert sorted(t.get_text() for t in several.texts) == ["0.2", "0.2", "0.5"]  # width_amp 0.5: untimed

@@ -89,6 +89,38 @@ def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
     assert set(compared[compared.a == "heads_random"].pairs) | set(compared[compared.b == "heads_random"].pairs) == {5}
 
 
+def test_a_sweep_at_one_ratio_plots_its_methods_side_by_side(grid):
+    """At one ratio every method sits at one x: on a numeric axis they hid each other on a band
+    0.04 wide around the ratio (and the flat plots drew a line from dense for each). Each figure
+    names the methods on its x axis instead; titles are the model and task, the rest of the setting
+    the caption."""
+    from prunebench.report import plots
+    from prunebench.report.paper import figure
+    from prunebench.report.table import results_table, task_columns
+
+    flat = results_table(grid)
+    seeds = ["heads_random seed=0, pruner.seed=0", "heads_random seed=1, pruner.seed=1"]
+    for fig, methods, xlabel in (
+            (figure(paper_table(task_results(grid)), {}),
+             ["heads_l2", "heads_random", "hies (alpha=0.3)", "hies (alpha=0.7)"], "method at ratio 0.5"),
+            (plots.metric_vs_sparsity(flat, task_columns(flat)),
+             ["heads_l2", *seeds, "hies pruner.alpha=0.3", "hies pruner.alpha=0.7"], "method at sparsity 0.5"),
+            (plots.stability_vs_sparsity(flat),
+             ["heads_l2", *seeds, "hies pruner.alpha=0.3", "hies pruner.alpha=0.7"], "method at sparsity 0.5")):
+        (ax,) = fig.axes
+        assert [t.get_text() for t in ax.get_xticklabels()] == methods
+        assert ax.get_xlim() == (-0.6, len(methods) - 0.4) and ax.get_xlabel() == xlabel
+        # one point per method, at its place, and the dense level beside them
+        drawn = [line for line in ax.get_lines() if line.get_marker() == "o"]
+        assert [float(line.get_xdata()[0]) for line in drawn] == list(range(len(methods)))
+        assert "dense" in ax.get_legend_handles_labels()[1]
+        title = ax.get_title().split("\n")
+        assert len(title) == 2 and title[0] == "tiny-llama · local_mc"
+        (caption,) = fig.texts
+        assert caption.get_text().startswith("limit=null · data=mc_questions.jsonl@")
+        assert "dtype=float32" in caption.get_text() and "tiny-llama" not in caption.get_text()
+
+
 def test_checkpoints_per_task_share_a_row_though_each_calibrates_on_its_own_task(glue_dir, store):
     labels = {"sst2": "[negative,positive]", "cola": "[unacceptable,acceptable]"}
     for task in ("sst2", "cola"):
@@ -134,6 +166,9 @@ def test_two_sweeps_of_other_models_and_limits_never_share_a_table_or_a_panel(st
     # one row of panels per setting, each with its own dense level only
     fig = figure(paper_table(task_results(load_runs("prunebench"))), {})
     assert len(fig.axes) == 2
-    for ax, heading in zip(fig.axes, headings):
-        assert heading.split(" · ")[0] in ax.get_title()
+    (caption,) = fig.texts
+    for number, ax, heading in zip((1, 2), fig.axes, headings):
+        # a number ties the panel to its line of the caption, where the limit that tells them apart is
+        assert ax.get_title().split("\n")[0] == f"({number}) {heading.split(' · ')[0]} · local_mc"
+        assert f"({number}) {heading.split(' · ')[2]} · data=" in caption.get_text()
         assert ax.get_legend_handles_labels()[1].count("dense") == 1

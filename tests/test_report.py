@@ -8,10 +8,11 @@ import pytest
 
 from conftest import TINY_MC, compose_cfg
 from prunebench.job import run
+from prunebench.report import plots
 from prunebench.report.build import write_report
 from prunebench.report.cli import main as report_main
 from prunebench.report.suites import suite_members, suite_tables
-from prunebench.report.table import load_runs, results_table
+from prunebench.report.table import load_runs, results_table, task_columns
 from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 
@@ -36,6 +37,11 @@ def test_table_values_equal_mlflow_metrics(store, tmp_path, capsys):
     assert lines[2] == "documents: local_mc 5"  # how many documents its numbers rest on
     assert lines[4].startswith("| model | pruner | sparsity | task | local_mc/acc_norm")
     assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 4
+    # two ratios: a line against the ratio from the dense point, not methods side by side
+    (ax,) = plots.metric_vs_sparsity(table, task_columns(table)).axes
+    (line,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert list(line.get_xdata()) == [0.0, 0.5, 0.7] and ax.get_xlabel() == "sparsity"
+    assert ax.get_title() == "tiny-llama · local_mc\nlocal_mc/acc_norm"
 
 
 def test_missing_experiment_is_a_clear_error(store, capsys):

@@ -165,8 +165,10 @@ def test_paper_report_has_a_verdict_per_row(grid, tmp_path):
     assert "## Verdicts against the dense run (tolerance 1 points; p adjusted by Holm across the 8 comparisons)" in text
     # the sweep's run page shows the table as its description, and says where the jobs and plots are
     note = mlflow.MlflowClient().get_run(parent).data.tags["mlflow.note.content"]
-    assert note.startswith((out / "results.md").read_text()[:200]) and "| scripted | a | 0.5 |" in note
-    assert '"Model training"' in note and "Artifacts, report/" in note
+    # where the jobs and plots are first: the lines the folded description shows
+    where, report = note.split("\n\n", 1)
+    assert "**Model training**" in where and "**Artifacts**, `report/`" in where
+    assert report.startswith((out / "results.md").read_text()[:200]) and "| scripted | a | 0.5 |" in note
     assert len(pd.read_csv(out / "verdicts.csv")) == 8
 
 
@@ -179,6 +181,10 @@ def test_a_long_report_is_cut_to_what_mlflow_keeps_as_a_description(store):
     note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
     assert len(note) <= DESCRIPTION_CHARS and "(cut here: report/results.md has it all)" in note
     assert "| row 0 | 0.5 |" in note and "| row 1999 |" not in note
+    # results.md's plot, relative to its folder, drew a broken image on the run page: named instead
+    describe(client, run.info.run_id, "| a |\n\n![quality against measured speedup](speed_front.png)\n")
+    note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
+    assert note.endswith("| a |\n\n(quality against measured speedup: Artifacts, `report/speed_front.png`)\n")
 
 
 def test_compare_exit_codes(grid, capsys):

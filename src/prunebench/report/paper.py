@@ -27,7 +27,7 @@ from hydra.utils import get_class
 
 from prunebench.report import calibration
 from prunebench.report.front import speed_front_section
-from prunebench.report.plots import grid, panel
+from prunebench.report.plots import grid, panel, single_ratio
 from prunebench.report.predictions import Predictions, chance_levels
 from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
@@ -287,8 +287,8 @@ def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
                      for key, points in ((key, group.dropna(subset=[column]).sort_values("ratio"))
                                          for key, group in rows[rows.pruner != "none"].groupby(["label", DIFFERS]))]
             dense = rows[rows.pruner == "none"][column].dropna().tolist()
-            panel(ax, lines, dense, levels.get((heading, task)), "ratio", column.split("/")[-1])
-    fig.tight_layout()
+            panel(ax, lines, dense, levels.get((heading, task)), "ratio", column.split("/")[-1],
+                  single_ratio(rows.ratio[rows.pruner != "none"]))
     return fig
 
 

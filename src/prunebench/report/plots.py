@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from prunebench.report.table import DIFFERS, SETTING, task_columns as task_columns_of  # noqa: E402
@@ -40,23 +41,82 @@ def _series(rows: pd.DataFrame, column: str):
         yield " ".join(k for k in key if k), points
 
 
+def title_and_rest(heading: str) -> tuple[str, str]:
+    """A setting's heading (report/settings.py) split into the panel title's model and task, and the
+    rest (limit, data, dtype, ...: the caption's). A suite's task keeps its name in the title and
+    its list of tasks, with the whole override, in the rest."""
+    title, rest = [], []
+    for part in heading.split(" · ") if heading else []:
+        if "=" not in part:  # the model (or the pooled checkpoints' name)
+            title.append(part)
+        elif part.startswith("task="):
+            name = part[len("task="):]
+            title.append(name.split(" (")[0])
+            rest += [part] if " (" in name else []
+        else:
+            rest.append(part)
+    return " · ".join(title), " · ".join(rest)
+
+
+# the caption's font size (points), and how many of its characters one inch of a line holds
+CAPTION_FONT, CAPTION_CHARS_PER_INCH = 7, 16
+
+
 def grid(rows: list[tuple[str, list[str]]]):
-    """A figure of one row of panels per setting (its heading above each panel), one panel per title."""
+    """A figure of one row of panels per setting, one panel per title. A panel's title is two
+    lines, the setting's model and task and its own title, as a panel's width holds; the rest of
+    the setting (limit, data, dtype, numerics, protocol), which made titles of four lines, is the
+    caption under the figure, a number tying each row of panels to its line when there are several
+    (settings may differ in the caption alone). The figure lays itself out when drawn, the caption
+    kept clear of the panels."""
     columns = max(len(titles) for _, titles in rows)
-    fig, axes = plt.subplots(len(rows), columns, figsize=(4.5 * columns, 3.9 * len(rows)), squeeze=False)
-    for (heading, titles), row in zip(rows, axes):
+    split = [title_and_rest(heading) for heading, _ in rows]
+    numbered = len(rows) > 1
+    width = 4.5 * columns
+    caption = [line for i, (_, rest) in enumerate(split) if rest
+               for line in textwrap.wrap(f"({i + 1}) {rest}" if numbered else rest,
+                                         int(width * CAPTION_CHARS_PER_INCH), subsequent_indent="    ")]
+    caption_in = (len(caption) * CAPTION_FONT * 1.4 + 8) / 72 if caption else 0.0
+    height = 3.9 * len(rows) + caption_in
+    fig, axes = plt.subplots(len(rows), columns, figsize=(width, height), squeeze=False)
+    for (_, titles), (title, _), row, i in zip(rows, split, axes, itertools.count(1)):
         for ax in row[len(titles):]:
             fig.delaxes(ax)
-        for ax, title in zip(row, titles):
-            ax.set_title("\n".join([*textwrap.wrap(heading, 60), title]), fontsize=8)
+        for ax, panel_title in zip(row, titles):
+            head = f"({i}) {title}" if numbered else title
+            ax.set_title("\n".join([*textwrap.wrap(head, 60), panel_title]), fontsize=8)
+    if caption:
+        fig.text(0.01, 4 / 72 / height, "\n".join(caption), fontsize=CAPTION_FONT, ha="left", va="bottom")
+    fig.set_layout_engine("tight", rect=(0, caption_in / height, 1, 1))
     return fig, [row[:len(titles)] for (_, titles), row in zip(rows, axes)]
 
 
-def panel(ax, lines, dense: list[float], chance: float | None, xlabel: str, ylabel: str) -> None:
+def single_ratio(ratios: pd.Series) -> float | None:
+    """The ratio of a sweep at one ratio (`ratios`: the pruned runs'), else None."""
+    unique = ratios.dropna().unique()
+    return float(unique[0]) if len(unique) == 1 else None
+
+
+def panel(ax, lines, dense: list[float], chance: float | None, xlabel: str, ylabel: str,
+          at: float | None = None) -> None:
     """`lines`: (label, x, y, yerr) each with standard-error (or interval) bars; the dense levels
-    dashed and chance dotted, so a difference smaller than the bars or a value at chance shows."""
-    for label, xs, ys, yerr in lines:
-        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label)
+    dashed and chance dotted, so a difference smaller than the bars or a value at chance shows.
+    `at`: the one ratio of a sweep at one ratio. Its methods then stand side by side, one point
+    each with its bar, named on the x axis: lines from the dense point to one ratio say nothing a
+    point does not and lie on top of each other, and one x value leaves an axis of nothing."""
+    if at is None:
+        for label, xs, ys, yerr in lines:
+            ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label)
+    else:
+        points = [(label, ys[xs.index(at)], _at(yerr, xs.index(at))) for label, xs, ys, yerr in lines if at in xs]
+        for i, (_, y, yerr) in enumerate(points):
+            ax.errorbar([i], [y], yerr=yerr, marker="o", capsize=3, ls="none")
+        names = [label for label, _, _ in points]
+        crowded = max(map(len, names), default=0) * len(names) > 50  # more than a panel's width holds level
+        ax.set_xticks(range(len(points)), names, rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                      fontsize=8)
+        ax.set_xlim(-0.6, len(points) - 0.4)
+        xlabel = f"method at {xlabel} {at:g}"
     for value in dense:
         ax.axhline(value, color="black", lw=1, ls="--", label="dense")
     if chance is not None and not math.isnan(chance):
@@ -65,7 +125,15 @@ def panel(ax, lines, dense: list[float], chance: float | None, xlabel: str, ylab
     ax.grid(alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
+
+
+def _at(yerr, i: int):
+    """Point i's bar of a line's `yerr`: none, symmetric (a value per point) or (below, above) lists."""
+    if yerr is None:
+        return None
+    return [[yerr[0][i]], [yerr[1][i]]] if isinstance(yerr[0], list) else [yerr[i]]
 
 
 def _errors(points: pd.DataFrame, column: str):
@@ -101,8 +169,7 @@ def metric_vs_sparsity(table: pd.DataFrame, task_columns: list[str],
                      for label, points in _series(rows, column)]
             dense = rows[rows.pruner == "none"][column].dropna().tolist()
             panel(ax, lines, dense, (chance or {}).get((heading, column.split("/")[0])), "sparsity",
-                  column.split("/")[-1])
-    fig.tight_layout()
+                  column.split("/")[-1], single_ratio(rows.sparsity[rows.pruner != "none"]))
     return fig
 
 
@@ -120,8 +187,8 @@ def stability_vs_sparsity(table: pd.DataFrame, chance: dict[tuple[str, str], flo
         levels = [100 * (chance or {})[heading, column.split("/")[0]] / dense[column].iloc[0]
                   for column in task_columns_of(rows) if (heading, column.split("/")[0]) in (chance or {})
                   and len(dense) and dense[column].iloc[0] > 0]
-        panel(ax, lines, [100.0], sum(levels) / len(levels) if levels else None, "sparsity", "stability/avg")
-    fig.tight_layout()
+        panel(ax, lines, [100.0], sum(levels) / len(levels) if levels else None, "sparsity", "stability/avg",
+              single_ratio(rows.sparsity[rows.pruner != "none"]))
     return fig
 
 
@@ -138,9 +205,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 def speed_front(table: pd.DataFrame, quality: str = "avg/score"):
     """Quality against measured speed, one panel per setting (runs of two models, task sets or
     dtypes never share one): each run a point at its measured speedup over the dense run
-    (`latency/speedup`), `quality` with its standard-error bar, a marker per pruner, the dense point
-    and the Pareto front. Returns the figure (None when no run was timed) and the runs that have a
-    quality but no latency, named by the caller under the plot, never dropped without a word."""
+    (`latency/speedup`), `quality` with its standard-error bar, a marker per pruner and its ratio
+    beside each point (in the axis label when the sweep has one), the dense point and the Pareto front (its points ringed). Returns the
+    figure (None when no run was timed) and the runs that have a quality but no latency, named by
+    the caller under the plot, never dropped without a word."""
     has_quality = table.dropna(subset=[quality])
     untimed = has_quality[has_quality.get("latency/speedup", pd.Series(float("nan"), has_quality.index)).isna()]
     timed = has_quality.drop(untimed.index)
@@ -151,18 +219,24 @@ def speed_front(table: pd.DataFrame, quality: str = "avg/score"):
     markers = dict(zip(sorted(timed.pruner.unique()), itertools.cycle("o^sDvP*Xh<>")))
     stderr = f"{quality}_stderr"
     for (_, rows), (ax,) in zip(sections, axes):
+        at = single_ratio(rows.sparsity[rows.pruner != "none"])
         for pruner, group in rows.groupby("pruner", sort=True):
             errors = group[stderr].fillna(0).tolist() if stderr in group else None
             ax.errorbar(group["latency/speedup"], group[quality], yerr=errors, ls="none",
                         marker="*" if pruner == "none" else markers[pruner], ms=11 if pruner == "none" else 6,
                         color="black" if pruner == "none" else None, capsize=3,
                         label="dense" if pruner == "none" else pruner)
+            if pruner != "none" and at is None:  # a marker per pruner: which ratio a point is, beside it
+                for x, y, ratio in zip(group["latency/speedup"], group[quality], group.sparsity):
+                    ax.annotate(f"{ratio:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         front = pareto_front(list(zip(rows["latency/speedup"], rows[quality])))
-        ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=1, ls="--", label="Pareto front")
-        ax.set(xlabel="speedup over dense (measured)", ylabel=quality)
+        # ringed, so that a front of one point (no line to draw) still shows
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=1, ls="--", marker="o", ms=13,
+                mfc="none", label="Pareto front")
+        ax.set(xlabel="speedup over dense (measured)" if at is None else f"measured speedup over dense (sparsity {at:g})",
+               ylabel=quality)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig, untimed
 
 
@@ -193,7 +267,7 @@ def layer_sparsity(runs: pd.DataFrame):
                 ax.plot(layers, run[columns].astype(float), marker=".", label=run["tags.prunebench.pruner"])
             ax.axhline(float(target), color="black", lw=1, ls="--", label="uniform")
             ax.set(xlabel="layer", ylabel="sparsity")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no layer 0.5
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig

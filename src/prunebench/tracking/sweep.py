@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import time
 import uuid
 from contextlib import contextmanager
@@ -170,16 +171,23 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
 
 # MLflow keeps a tag value of at most 8,000 characters; the description is cut below that
 DESCRIPTION_CHARS = 7000
+# what the run page shows folded (its first lines, above "Show more"): where the rest is
+WHERE = ("Sweep report. The jobs: **Model training** at the top of the UI, then this run's row in the runs table, "
+         "unfolded by its +. The whole report and its plots: **Artifacts**, `report/`.")
+# results.md's plots, `![name](file.png)`, are relative to its folder, which the run page does not resolve
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
 
 def describe(client: MlflowClient, run_id: str, report: str) -> None:
     """The report's table as the sweep's run description (`mlflow.note.content`, Markdown that the
-    run page shows under "Description"), where the UI otherwise says "No description"."""
-    where = ("\n\n(The jobs: this experiment's runs table, \"Model training\" at the top of the UI. The whole "
-             "report and its plots: Artifacts, report/.)")
-    if len(report) + len(where) > DESCRIPTION_CHARS:
-        report = report[:DESCRIPTION_CHARS - len(where) - 40].rsplit("\n", 1)[0] + "\n\n(cut here: report/results.md has it all)"
-    client.set_tag(run_id, "mlflow.note.content", report + where)
+    run page shows under "Description"), where the UI otherwise says "No description". Where the
+    jobs and plots are comes first, in the lines shown before "Show more"; each plot is named by
+    its artifact path, since an embedded one drew a broken image."""
+    report = IMAGE.sub(lambda m: f"({m[1]}: Artifacts, `report/{m[2]}`)", report)
+    room = DESCRIPTION_CHARS - len(WHERE) - 2
+    if len(report) > room:
+        report = report[:room - 45].rsplit("\n", 1)[0] + "\n\n(cut here: report/results.md has it all)"
+    client.set_tag(run_id, "mlflow.note.content", f"{WHERE}\n\n{report}")
 
 
 def absolute_uri(uri: str) -> str:
