@@ -194,7 +194,10 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     with store.job_run(held, run_name) as active:
         if dense_failure:  # recorded FAILED like any job, naming why, before any model loads
             raise DenseBaselineFailed(dense_failure)
-        mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        params = OmegaConf.to_container(cfg, resolve=True)
+        if not recovering(cfg) or dense:  # recovery=none's options are lora's, unused: not this run's settings
+            params.pop("recovery", None)
+        mlflow.log_params(flatten(params))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
         metrics, logged, documents = execute(cfg, tasks, dense)

@@ -36,7 +36,7 @@ from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, 
 from prunebench.report.verdicts import COLUMNS, compare, mcnemar, overall, paired, with_adjusted
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
-SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "pruner.sequence")
+SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "recovery.seed", "pruner.sequence")
 # a row never joins runs of two settings (report/settings.py), nor runs differing in anything else
 # but the seed (`differs`: a template, say)
 ROW_KEYS = [SETTING, "model", "protocol", "pruner", "config", DIFFERS, "ratio"]
