@@ -71,8 +71,11 @@ def layer_sparsities(ratios: list[float], sparsity: float, lamda: float) -> list
 
 class OWLPruner(Pruner):
     """A base pruner (`base`: wanda, sparsegpt or magnitude, built with `base_options`) applied at
-    OWL's per-block sparsities. Dense causal LMs and a VLM's language model: the release defines
-    the outlier ratio for dense blocks, and an expert's norms would rest on its own token count."""
+    OWL's per-block sparsities. `sequential` is the wanda base's (true: its norms through the blocks
+    already pruned, the release's pruning pass; false: the outlier pass's dense norms); sparsegpt
+    always runs block by block and magnitude measures nothing, so both refuse false. Dense causal LMs
+    and a VLM's language model: the release defines the outlier ratio for dense blocks, and an
+    expert's norms would rest on its own token count."""
 
     families = frozenset({"causal_lm", "vlm"})
     needs_calibration = True
