@@ -91,6 +91,8 @@ def test_the_plan_expands_the_packages_experiment_against_wanda_and_sparsegpt(my
     rows = {line.split("  ")[-1].strip(): line for line in out.splitlines()[3:9]}
     assert set(rows) == {f"pruner={p} sparsity={s}" for p in ("ria", "wanda", "sparsegpt") for s in (0.3, 0.5)}
     assert "eval (scores shared)" in rows["pruner=ria sparsity=0.5"]  # the plan knows mylab's scores are cached
+    # and that sequential Wanda (the default) prunes through the pruned blocks in every job, caching nothing
+    assert "iterative+eval" in rows["pruner=wanda sparsity=0.5"] and "iterative+eval" in rows["pruner=wanda sparsity=0.3"]
 
 
 @pytest.mark.parametrize("overrides, message", [

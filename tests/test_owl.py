@@ -174,6 +174,7 @@ def test_the_score_key_leaves_out_base_lambda_and_sparsity_but_not_m():
     first = key("pruner=owl", "sparsity=0.5")
     assert first == key("pruner=owl_sparsegpt", "sparsity=0.7", "pruner.lamda=0.2", "+pruner.base_options.damp=0.1")
     assert first == key("pruner=owl", "pruner.base=magnitude")
+    assert first == key("pruner=owl", "pruner.sequential=false")  # the outlier pass is on the dense model either way
     assert first != key("pruner=owl", "pruner.m=3")
     assert key("pruner=wanda")["pruner"]["scope"] == "row"  # other pruners' keys keep every option
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import get_class
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.cache import content_key
@@ -83,7 +83,7 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
     read from the score cache by the others; MoP re-scores as it prunes, in every job."""
     from prunebench.job import score_identity
 
-    pruner = get_class(cfg.pruner._target_)
+    pruner = instantiate(cfg.pruner, _convert_="all")  # an option may decide `cacheable` (wanda's sequential)
     if is_dense(cfg) or not pruner.needs_calibration:
         work = "eval"
     elif not pruner.cacheable:

@@ -6,6 +6,9 @@ Samples run one at a time (as the SparseGPT and Wanda code do), each a batch of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
+
 import torch
 
 from prunebench.models.introspection import transformer_blocks
@@ -13,18 +16,34 @@ from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import observe
 
 
-@torch.no_grad()
-def input_square_sums(model, matrices: dict[str, Matrix], samples: list[dict]) -> dict[str, torch.Tensor]:
-    """sum over calibration tokens of x_j^2 per input feature j of each Linear (Wanda's ||X_j||^2),
-    in float64 so long calibration sets do not lose the small features."""
+@contextmanager
+def square_sums(matrices: dict[str, Matrix]):
+    """Yields, while it lasts, the sum over the tokens seen of x_j^2 per input feature j of each
+    matrix (Wanda's ||X_j||^2), in float64 so long calibration sets do not lose the small features."""
     sums = {name: torch.zeros(lin.in_features, dtype=torch.float64) for name, lin in matrices.items()}
 
     def observe_input(name, x):
         sums[name] += x.double().pow(2).sum(0).cpu()
 
     with input_hooks(matrices, observe_input):
+        yield sums
+
+
+@torch.no_grad()
+def input_square_sums(model, matrices: dict[str, Matrix], samples: list[dict]) -> dict[str, torch.Tensor]:
+    """square_sums of every matrix in one forward of the dense model over the samples."""
+    with square_sums(matrices) as sums:
         for batch in samples:
             observe(model, {**batch, "use_cache": False})
+    return sums
+
+
+@torch.no_grad()
+def block_square_sums(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple]
+                      ) -> dict[str, torch.Tensor]:
+    """square_sums of one block's matrices while it runs on every sample's hidden state."""
+    with square_sums(matrices) as sums:
+        replay(block, hiddens, calls)
     return sums
 
 
@@ -66,6 +85,27 @@ def run_block(block, hidden: torch.Tensor, call: tuple) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def replay(block, hiddens: list[torch.Tensor], calls: list[tuple]) -> list[torch.Tensor]:
+    """The block's output for every sample, as it is now (pruned or not)."""
+    return [run_block(block, hidden, call) for hidden, call in zip(hiddens, calls)]
+
+
+@torch.no_grad()
+def block_by_block(model, samples: list[dict], prune: Callable, through_pruned: bool = True) -> None:
+    """The released loop of Wanda, SparseGPT, DSnoT and OWL's pruning pass: the samples enter the
+    first block; each block is handed to prune(index, block, hiddens, calls), which observes it on
+    `hiddens` (still dense itself) and prunes it, and is then run again, now pruned, to give the next
+    block its inputs (the release recomputes them after pruning, so block i sees blocks 0..i-1
+    pruned). through_pruned=False: the next block's inputs are the block's outputs before it was
+    pruned, so every block is observed on the dense model's activations."""
+    _, blocks = transformer_blocks(model)
+    hiddens, calls = block_calls(model, samples)
+    for index, (block, block_call) in enumerate(zip(blocks, calls)):
+        dense_outputs = None if through_pruned else replay(block, hiddens, block_call)
+        prune(index, block, hiddens, block_call)
+        hiddens = replay(block, hiddens, block_call) if through_pruned else dense_outputs
+
+
 @torch.no_grad()
 def input_grams(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple]
                 ) -> dict[str, torch.Tensor]:
@@ -81,6 +121,5 @@ def input_grams(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor],
         tokens[name] += x.shape[0]
 
     with input_hooks(matrices, observe_input):
-        for hidden, call in zip(hiddens, calls):
-            run_block(block, hidden, call)
+        replay(block, hiddens, calls)
     return {name: gram / max(tokens[name], 1) for name, gram in grams.items()}

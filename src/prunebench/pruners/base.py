@@ -41,7 +41,9 @@ class Pruner:
     families: ClassVar[frozenset[str]] = frozenset()
     towers: ClassVar[frozenset[str]] = frozenset({"language"})
     needs_calibration: ClassVar[bool] = False
-    cacheable: ClassVar[bool] = True
+    # False: `score` is not stored in the score cache. A pruner whose option decides it (wanda's
+    # `sequential`) sets it on the instance; plan.work_class reads the instance too
+    cacheable: bool = True
     # options that change only how the scores are applied, not the scores: left out of the score
     # cache's key (job.score_identity), so runs differing in them share one scoring
     unscored: ClassVar[frozenset[str]] = frozenset()

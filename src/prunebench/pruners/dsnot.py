@@ -11,7 +11,8 @@ row stops for good once |error| <= `update_threshold`, after `max_cycles`, or (N
 when the swap would flip the error's sign. Each row keeps its count of pruned weights.
 
 The inputs are measured block by block through the blocks already pruned, as the released code
-does, so all the work happens in `apply`. Departures are listed in docs/unstructured.md (DSnoT)."""
+does (`sequential`, default; false: every block on the dense model's activations, an ablation), so
+all the work happens in `apply`. Departures are listed in docs/unstructured.md (DSnoT)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ import time
 
 import torch
 
-from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.activations import block_calls, input_grams, run_block
+from prunebench.pruners.activations import block_by_block, input_grams, replay
 from prunebench.pruners.masks import lowest_per_row, n_of_m
 from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import calibration_batches
@@ -37,7 +37,8 @@ def input_moments(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor
     """Per input feature of each matrix while `block` runs every sample (float64): `sum`, the token
     sum averaged over samples (the release's `sum_metric_row`); `var`, each sample's own variance
     averaged over tokens (its running `var`, which leaves out how the samples' means differ);
-    `squares`, the sum of x^2 (Wanda's ||X_j||^2)."""
+    `squares`, the sum of x^2 over a sample's tokens averaged over samples (Wanda's ||X_j||^2, the
+    release's `scaler_row`)."""
     acc = {name: {key: torch.zeros(m.in_features, dtype=torch.float64, device=m.weight.device)
                   for key in ("sum", "var", "squares")} for name, m in matrices.items()}
     counts = {name: [0, 0] for name in matrices}  # samples, tokens
@@ -51,10 +52,10 @@ def input_moments(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor
         counts[name][1] += len(x)
 
     with input_hooks(matrices, observe_input):
-        for hidden, call in zip(hiddens, calls):
-            run_block(block, hidden, call)
+        replay(block, hiddens, calls)
     for name, (samples, tokens) in counts.items():
         acc[name]["sum"] /= max(samples, 1)
+        acc[name]["squares"] /= max(samples, 1)
         acc[name]["var"] /= max(tokens, 1)
     return acc
 
@@ -159,8 +160,11 @@ class DSnoTPruner(UnstructuredPruner):
 
     def __init__(self, name: str = "dsnot", base: str = "wanda", max_cycles: int = 50, update_threshold: float = 0.1,
                  pow_of_var_regrowing: float = 1.0, same_sign: bool = False,
-                 repair_modules: list[str] = ("attention",), damp: float = 0.01, **options):
+                 repair_modules: list[str] = ("attention",), damp: float = 0.01, sequential: bool = True, **options):
         super().__init__(name, scope="row", **options)
+        if not isinstance(sequential, bool):
+            raise ValueError(f"pruner.sequential={sequential!r} must be true (the release: each block measured through "
+                             "the pruned blocks) or false (every block on the dense model's activations)")
         if base not in BASES:
             raise ValueError(f"pruner.base={base!r} is not one of {list(BASES)}")
         if max_cycles < 0:
@@ -171,25 +175,25 @@ class DSnoTPruner(UnstructuredPruner):
         self.base = BASES[base](**options, **({"damp": damp} if base == "sparsegpt" else {}))
         self.max_cycles, self.update_threshold = max_cycles, update_threshold
         self.pow_of_var_regrowing, self.same_sign = pow_of_var_regrowing, same_sign
-        self.repair_modules = set(repair_modules)
+        self.repair_modules, self.sequential = set(repair_modules), sequential
 
     def score(self, loaded: LoadedModel, calib=None) -> list[dict[str, torch.Tensor]]:
         return calibration_batches(loaded, calib, 1)
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float) -> dict[str, float]:
-        _, blocks = transformer_blocks(loaded.model)
-        hiddens, calls = block_calls(loaded.model, samples)
         targets = self.targets_by_block(loaded.model)
         totals = {"initial_s": 0.0, "cycles_s": 0.0, "regrown": 0, "pruned": 0}
-        for block, block_targets, block_call in zip(blocks, targets, calls):
-            if block_targets:
-                moments = input_moments(block, block_targets, hiddens, block_call)
-                grams = (input_grams(block, block_targets, hiddens, block_call)
+
+        def prune_block(index, block, hiddens, calls):
+            if targets[index]:
+                moments = input_moments(block, targets[index], hiddens, calls)
+                grams = (input_grams(block, targets[index], hiddens, calls)
                          if isinstance(self.base, SparseGPTPruner) else None)
-                for name, matrix in block_targets.items():
+                for name, matrix in targets[index].items():
                     self.prune_matrix(name, matrix, moments[name], grams, sparsity, totals)
-            hiddens = [run_block(block, hidden, call) for hidden, call in zip(hiddens, block_call)]
+
+        block_by_block(loaded.model, samples, prune_block, through_pruned=self.sequential)
         stats = sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
         return {**stats, "dsnot/initial_s": totals["initial_s"], "dsnot/cycles_s": totals["cycles_s"],
                 "dsnot/regrown": totals["regrown"] / max(totals["pruned"], 1)}

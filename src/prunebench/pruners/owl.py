@@ -7,8 +7,11 @@ As the released code (luuyin/OWL, lib/prune_all.py) computes it, for each block 
         X measured on the dense model (the outlier pass prunes nothing);
   d_l = (D_l - min D) / (max D - min D) x 2 lambda - mean_l(...) + (1 - sparsity)   (a density);
   s_l = 1 - d_l, and s_l <= 0 becomes 0.01.
-The scores (the dense model's activation norms, the outlier ratios and the calibration windows
-SparseGPT replays) depend on neither lambda, the base nor the sparsity: one scoring serves them all."""
+The outlier pass runs on the dense model in the release too (it prunes nothing); its pruning pass
+then runs the base block by block through the blocks already pruned, Wanda's norms included
+(`sequential`, default). The scores (the dense model's activation norms, the outlier ratios and the
+calibration windows the pruning pass replays) depend on neither lambda, the base, `sequential` nor
+the sparsity: one scoring serves them all."""
 
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ from prunebench.pruners.structured import calibration_batches
 from prunebench.pruners.unstructured import (MODULES, MagnitudePruner, SparseGPTPruner, WandaPruner,
                                              check_skip_layers, module_kind)
 
-# base -> (its class, which part of OWL's scores it prunes from)
+# base -> (its class, which part of OWL's scores it prunes from; a sequential wanda, the samples)
 BASES = {"wanda": (WandaPruner, "norms"), "sparsegpt": (SparseGPTPruner, "samples"),
          "magnitude": (MagnitudePruner, None)}
 # what OWL itself sets on the base
-OWNED = ("modules", "skip_layers", "tower", "pattern")
+OWNED = ("modules", "skip_layers", "tower", "pattern", "sequential")
 # the released code's floor for a block whose computed sparsity is not positive
 FLOOR = 0.01
 
@@ -68,16 +71,19 @@ def layer_sparsities(ratios: list[float], sparsity: float, lamda: float) -> list
 
 class OWLPruner(Pruner):
     """A base pruner (`base`: wanda, sparsegpt or magnitude, built with `base_options`) applied at
-    OWL's per-block sparsities. Dense causal LMs and a VLM's language model: the release defines
-    the outlier ratio for dense blocks, and an expert's norms would rest on its own token count."""
+    OWL's per-block sparsities. `sequential` is the wanda base's (true: its norms through the blocks
+    already pruned, the release's pruning pass; false: the outlier pass's dense norms); sparsegpt
+    always runs block by block and magnitude measures nothing, so both refuse false. Dense causal LMs
+    and a VLM's language model: the release defines the outlier ratio for dense blocks, and an
+    expert's norms would rest on its own token count."""
 
     families = frozenset({"causal_lm", "vlm"})
     needs_calibration = True
-    unscored = frozenset({"name", "base", "base_options", "lamda"})
+    unscored = frozenset({"name", "base", "base_options", "lamda", "sequential"})
 
     def __init__(self, name: str = "owl", base: str = "wanda", m: float = 5.0, lamda: float = 0.08,
                  base_options: dict | None = None, modules: list[str] = MODULES, skip_layers: list[int] = (),
-                 tower: str = "language"):
+                 tower: str = "language", sequential: bool = True):
         super().__init__(name, tower)
         if base not in BASES:
             raise ValueError(f"pruner.base={base!r} is not one of {list(BASES)}")
@@ -92,8 +98,16 @@ class OWLPruner(Pruner):
         owned = sorted(set(options) & set(OWNED))
         if owned:
             raise ValueError(f"pruner.base_options sets {owned}; set them on pruner (OWL passes them to its base)")
+        if base == "wanda":
+            options["sequential"] = sequential
+        elif sequential is not True:
+            raise ValueError(f"pruner.sequential={sequential!r} chooses where the wanda base measures its norms; "
+                             f"base={base!r} {'measures no inputs' if base == 'magnitude' else 'always runs block by block'}"
+                             ": leave pruner.sequential=true")
         cls, self.base_scores = BASES[base]
         self.base = cls(modules=modules, skip_layers=skip_layers, tower=tower, **options)
+        if getattr(self.base, "sequential", False):
+            self.base_scores = "samples"
         self.m, self.lamda, self.modules = float(m), float(lamda), list(modules)
 
     def check_config(self, config, sparsity: float) -> None:
@@ -125,6 +139,8 @@ class OWLPruner(Pruner):
         _, blocks = transformer_blocks(loaded.model)
         per_block = self.block_sparsities(scores["outliers"], len(blocks), sparsity)
         base_scores = scores[self.base_scores] if self.base_scores else None
+        if self.base_scores == "norms":  # Wanda's mean square inputs, as its own score gives them
+            base_scores = {name: total / len(scores["samples"]) for name, total in base_scores.items()}
         if self.base_scores == "samples":  # the score cache gives them back on the CPU
             base_scores = [{k: v.to(loaded.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
                            for batch in base_scores]

@@ -63,7 +63,8 @@ def load_scores(stem: Path):
 
 
 def cached_scores(pruner, loaded, calib, key_data: dict) -> tuple[object, bool]:
-    """(scores, cache_hit). Pruners whose scoring is free (magnitude) set `cacheable = False`."""
+    """(scores, cache_hit). Pruners whose scoring is free (magnitude), or whose work depends on the
+    sparsity and so runs in `apply` (sparsegpt, dsnot, sequential wanda), set `cacheable = False`."""
     if not pruner.cacheable:
         return pruner.score(loaded, calib), False
     stem = cache_dir("scores") / content_key(key_data)
