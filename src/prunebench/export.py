@@ -79,10 +79,17 @@ def export_folder(export_dir: str, run_id: str) -> Path:
 
 
 def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
-                 run_id: str) -> str:
+                 run_id: str, adapter: Path | None = None) -> str:
     """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
-    returns that tag's value. `before`: its widths before pruning (models/export.widths)."""
+    returns that tag's value. `before`: its widths before pruning (models/export.widths);
+    `adapter`: a recovery's LoRA adapter folder (peft's), copied into the export's `adapter/`."""
     from prunebench.models.export import write_pretrained
+    from prunebench.recovery import ADAPTER
+
+    def write(target: Path) -> None:
+        write_pretrained(loaded, target, account, before, pad)
+        if adapter is not None:
+            shutil.copytree(adapter, target / ADAPTER)
 
     run = MlflowClient().get_run(run_id)
     account = record(cfg, stats, run)
@@ -93,7 +100,7 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
         # another layout) never mix with this one's
         fresh = Path(tempfile.mkdtemp(prefix=f".{run_id}.partial-", dir=folder.parent))
         try:
-            write_pretrained(loaded, fresh, account, before, pad)
+            write(fresh)
             if folder.exists():
                 shutil.rmtree(folder)
             fresh.rename(folder)
@@ -102,7 +109,7 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
         where = f"dir:{folder}"
     else:
         with tempfile.TemporaryDirectory(prefix="prunebench-export-") as tmp:
-            write_pretrained(loaded, Path(tmp), account, before, pad)
+            write(Path(tmp))
             tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"]}
             where = "mlflow-model:" + log_folder(Path(tmp), run, tags)
     MlflowClient().set_tag(run_id, EXPORT_TAG, where)

@@ -8,9 +8,11 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import huggingface_hub.utils
 import mlflow
@@ -23,7 +25,7 @@ from prunebench import collector
 from prunebench.api.metrics import readable
 from prunebench.api.model_keys import display_name, run_dtype
 from prunebench.bench import memory
-from prunebench.cache import content_key
+from prunebench.cache import cache_dir, content_key
 from prunebench.evaluation.registry import evaluation
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.cache import get_model
@@ -31,6 +33,7 @@ from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.base import Pruner
 from prunebench.tracking import claim, server, store
 from prunebench.pruners.score_cache import cached_scores
+from prunebench.recovery import ADAPTER
 from prunebench.tracking.run_key import dense_config, dense_key, identity, is_dense, recovering, run_key
 from prunebench.tracking.stability import paired_bootstrap, stability
 from prunebench.tracking.sweep import record_cell
@@ -200,7 +203,7 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         mlflow.log_params(flatten(params))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         log_inputs(inputs)
-        metrics, logged, documents = execute(cfg, tasks, dense)
+        metrics, logged, documents = execute(cfg, tasks, dense, key)
         withheld = withheld_tasks(tasks, metrics)
         # a split without answers (a submission) has no metric, so no place in the average; nor has a
         # task whose number is withheld (a judge that failed too often)
@@ -375,7 +378,13 @@ def prune(cfg: DictConfig, dense: bool, exporting: bool = False
     return loaded, pruner, stats, before
 
 
-def recover_model(cfg: DictConfig, loaded: LoadedModel) -> dict[str, float]:
+def recovery_folder(key: str) -> Path:
+    """A recovered run's working folder, keyed by its run key, in the prunebench cache: the LoRA
+    adapter as trained (for the export) lives there until the job ends."""
+    return cache_dir("recovery", key)
+
+
+def recover_model(cfg: DictConfig, loaded: LoadedModel, folder: Path) -> dict[str, float]:
     """The pruned model fine-tuned as `recovery` says (recovery/train.py), in place: what is
     evaluated and exported is the recovered model. Distillation's teacher is the dense model read
     again as the job read it (models/cache.py: from its files, or a copy of the one built from a
@@ -387,15 +396,15 @@ def recover_model(cfg: DictConfig, loaded: LoadedModel) -> dict[str, float]:
     options = OmegaConf.to_container(cfg.recovery, resolve=True)
     teacher = get_model(cfg.model).model.requires_grad_(False) if options["objective"] == "distill" else None
     nonzero = count_parameters(loaded.model, nonzero=True)
-    metrics, _ = recover(loaded, options, recovery_data(cfg), cfg.trainer, teacher)
+    metrics, _ = recover(loaded, options, recovery_data(cfg), cfg.trainer, teacher, folder)
     metrics["recovery/nonzero_delta"] = float(count_parameters(loaded.model, nonzero=True) - nonzero)
     return metrics
 
 
-def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float], set[str], dict[str, dict]]:
-    """The expensive part, reached only with a valid config and no finished run. Returns the
-    metrics, the names already logged (each task's, as soon as it finished) and each task's
-    per-document values of its primary metric (`per_document`), for stability's interval."""
+def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[str, float], set[str], dict[str, dict]]:
+    """The expensive part, reached only with a valid config and no finished run (`key`: its run
+    key). Returns the metrics, the names already logged (each task's, as soon as it finished) and
+    each task's per-document values of its primary metric (`per_document`), for stability's interval."""
     from prunebench.models.introspection import count_parameters
 
     memory.reset_peaks()
@@ -405,8 +414,10 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
     mlflow.set_tags({key: value for key, value in stats.items() if isinstance(value, str)})
     metrics = {key: value for key, value in stats.items() if not isinstance(value, str)}
-    if recovering(cfg) and not dense:
-        metrics.update(recover_model(cfg, loaded))
+    recovered = recovering(cfg) and not dense
+    folder = recovery_folder(key) if recovered else None
+    if recovered:
+        metrics.update(recover_model(cfg, loaded, folder))
     metrics["params/total"] = float(count_parameters(loaded.model))
     metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
     start = time.perf_counter()
@@ -433,7 +444,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         from prunebench.export import export_model
 
         start = time.perf_counter()
-        export_model(cfg, loaded, stats, before, mlflow.active_run().info.run_id)
+        adapter = folder / ADAPTER if folder is not None and (folder / ADAPTER).is_dir() else None
+        export_model(cfg, loaded, stats, before, mlflow.active_run().info.run_id, adapter)
         metrics["time/export_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark
@@ -443,4 +455,6 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool) -> tuple[dict[str, float]
         metrics.update(bench_metrics)
         mlflow.set_tags(bench_tags)
     metrics.update(memory.peaks())
+    if folder is not None:  # the job is done with it; a job that failed keeps it to resume from
+        shutil.rmtree(folder, ignore_errors=True)
     return metrics, logged, documents

@@ -10,7 +10,10 @@ unstructured or N:M pruning. What that re-masking costs is measured on the held-
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+from pathlib import Path
 
 import lightning as L
 import mlflow
@@ -23,7 +26,11 @@ from torch.utils.data import DataLoader
 
 from prunebench.bench import memory
 from prunebench.models.loaded import LoadedModel
+from prunebench.recovery import ADAPTER
 from prunebench.recovery.data import IGNORED, RecoveryData
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoints/last.ckpt"  # in the recovery folder: the latest, each replacing the one before
 
 
 def collate(examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
@@ -35,17 +42,55 @@ def collate(examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
                                    padding_value=IGNORED)}
 
 
+class SeededSampler(torch.utils.data.Sampler):
+    """The training examples in an order drawn from `seed` for each epoch (Lightning calls
+    `set_epoch` as one starts), so a recovery resumed from a checkpoint sees the batches the
+    interrupted one would have: `skip` examples of its first epoch (those trained on before the
+    checkpoint) are left out once. Its length stays the epoch's, as Lightning counts epochs by it."""
+
+    def __init__(self, size: int, seed: int, skip: int = 0):
+        super().__init__()
+        self.size, self.seed, self.skip, self.epoch = size, seed, skip, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.epoch + 1):  # epoch 0's order is what a seeded shuffling DataLoader draws
+            order = torch.randperm(self.size, generator=generator).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
+
+
 class RecoveryDataModule(L.LightningDataModule):
+    """`state_dict` (in a checkpoint): the micro-batches trained on, from which a resumed fit's
+    loader skips to where the interrupted one was."""
+
     def __init__(self, train: list, val: list, micro_batch_size: int, seed: int):
         super().__init__()
         self.train, self.val, self.micro_batch_size, self.seed = train, val, micro_batch_size, seed
+        self.resumed_batches = 0
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_size=self.micro_batch_size, shuffle=True, collate_fn=collate,
+        per_epoch = math.ceil(len(self.train) / self.micro_batch_size)
+        sampler = SeededSampler(len(self.train), self.seed, self.resumed_batches % per_epoch * self.micro_batch_size)
+        # its own generator: a loader draws a seed for its workers as each epoch starts, which must
+        # not come from the global RNG that dropout draws from (a resumed epoch starts elsewhere)
+        return DataLoader(self.train, batch_size=self.micro_batch_size, sampler=sampler, collate_fn=collate,
                           generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.micro_batch_size, collate_fn=collate)
+
+    def state_dict(self) -> dict:
+        return {"batches": self.trainer.lightning_module.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resumed_batches = state["batches"]
 
 
 class RecoveryModule(L.LightningModule):
@@ -58,7 +103,32 @@ class RecoveryModule(L.LightningModule):
         super().__init__()
         self.model, self.options, self.teacher = model, options, teacher
         self.val_loss = torchmetrics.MeanMetric()
-        self.tokens = 0
+        self.tokens = self.batches = 0
+        self.strict_loading = False  # a checkpoint holds the trained parameters only (on_save_checkpoint)
+
+    def trained(self) -> set[str]:
+        return {name for name, p in self.named_parameters() if p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Only what training changed: the trained parameters (a LoRA adapter's are well under 1% of
+        the model; the frozen rest is rebuilt on resume by pruning again, deterministic and its scores
+        cached), beside Lightning's optimizer, schedule and loop state; the counters, and the RNG
+        state dropout draws from, so the resumed steps draw what the interrupted ones would have."""
+        trained = self.trained()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}
+        checkpoint["recovery"] = {"tokens": self.tokens, "batches": self.batches, "rng": torch.get_rng_state(),
+                                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        held, trained = set(checkpoint["state_dict"]), self.trained()
+        if held != trained:  # loaded non-strictly: a checkpoint of another model would load nothing, silently
+            raise ValueError(f"the recovery checkpoint holds {len(held)} tensors, not the {len(trained)} this "
+                             f"recovery trains (e.g. {sorted(held ^ trained)[0]!r}); delete its folder to start over")
+        state = checkpoint["recovery"]
+        self.tokens, self.batches = state["tokens"], state["batches"]
+        torch.set_rng_state(state["rng"])
+        if state["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     def train(self, mode: bool = True):
         """The teacher stays in eval mode (no dropout) while Lightning puts the student in train mode."""
@@ -69,6 +139,7 @@ class RecoveryModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int):
         self.tokens += int(batch["attention_mask"].sum())
+        self.batches += 1
         out = self.model(**batch, use_cache=False)
         if self.options["objective"] != "distill":
             return {"loss": out.loss, "train_loss": out.loss.detach()}
@@ -105,7 +176,10 @@ class StepLog(L.Callback):
     def __init__(self):
         self.history: list[dict[str, float]] = []
         self.losses: list[float] = []
-        self.stepped, self.lr = 0, 0.0
+        self.stepped, self.resumed_at, self.lr = 0, 0, 0.0
+
+    def on_train_start(self, trainer, module) -> None:
+        self.stepped = self.resumed_at = trainer.global_step  # a resumed fit starts at its checkpoint's step
 
     def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
         self.lr = optimizer.param_groups[0]["lr"]
@@ -153,10 +227,16 @@ def adapted(model: torch.nn.Module, options: dict) -> torch.nn.Module:
 
 
 def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
-            teacher: torch.nn.Module | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
+            teacher: torch.nn.Module | None = None, folder: Path | None = None
+            ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Trains `loaded.model` as `options` (the resolved `recovery` config) says and leaves in
-    `loaded.model` the model to evaluate: adapter merged, zeros restored. Returns the summary
-    metrics and the per-step history (also logged to the active MLflow run)."""
+    `loaded.model` the model to evaluate: adapter merged, zeros restored. `folder`: the run's
+    recovery folder (keyed by its run key): a checkpoint every `checkpoint_every` optimizer steps,
+    which a restarted job's recovery resumes from (Lightning's `fit(ckpt_path=...)`: the trained
+    parameters, optimizer, schedule, data position and RNG; the pruned model it adds to is rebuilt
+    by pruning again), and the LoRA adapter as trained (peft's `save_pretrained`, in `adapter/`,
+    before the merge: `export=true` ships it beside the merged model). Returns the summary metrics
+    and the per-step history (also logged to the active MLflow run)."""
     start = time.perf_counter()
     L.seed_everything(options["seed"], verbose=False)
     train, val = data.split(data.examples(loaded.tokenizer))
@@ -166,18 +246,26 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     module = RecoveryModule(model, options, teacher)
     steps = StepLog()
     accumulate = options["batch_size"] // options["micro_batch_size"]
-    callbacks = [steps]
+    resume = folder / CHECKPOINT if folder is not None and (folder / CHECKPOINT).is_file() else None
+    checkpoints = [L.pytorch.callbacks.ModelCheckpoint(
+        (folder / CHECKPOINT).parent, filename=Path(CHECKPOINT).stem, every_n_train_steps=options["checkpoint_every"],
+        save_top_k=1, enable_version_counter=False)] if folder is not None and options["checkpoint_every"] else []
+    callbacks = [steps, *checkpoints]
     if options["early_stopping_patience"]:
         callbacks.append(L.pytorch.callbacks.EarlyStopping("recovery/val_loss", patience=options["early_stopping_patience"]))
     trainer = instantiate(trainer_cfg, max_epochs=None if options["max_steps"] else options["epochs"],
                           max_steps=options["max_steps"] or -1, accumulate_grad_batches=accumulate,
                           gradient_clip_val=options["max_grad_norm"], val_check_interval=options["val_every"] * accumulate,
                           check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=1,
-                          callbacks=callbacks)
+                          callbacks=callbacks, enable_checkpointing=bool(checkpoints))
     datamodule = RecoveryDataModule(train, val, options["micro_batch_size"], options["seed"])
     module.train()  # Lightning keeps the modes it is given, and a loaded model is in eval mode
-    trainer.fit(module, datamodule=datamodule)
+    if resume is not None:
+        log.info("recovery: resuming from %s", resume)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     unmerged = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
+    if lora and folder is not None:
+        model.save_pretrained(folder / ADAPTER)
     deployed = model.merge_and_unload() if lora else model
     with torch.no_grad():
         for name, mask in masks.items():
@@ -185,7 +273,7 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     module.model = deployed
     loss = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
     loaded.model = deployed.eval()
-    metrics = {"recovery/steps": float(trainer.global_step), "recovery/tokens": float(module.tokens),
+    metrics = {"recovery/steps": float(trainer.global_step), "recovery/resumed_at": float(steps.resumed_at), "recovery/tokens": float(module.tokens),
                "recovery/examples": float(len(train)), "recovery/loss_unmerged": float(unmerged),
                "recovery/loss_deployed": float(loss), "recovery/remask_loss_delta": float(loss - unmerged),
                "recovery/seconds": time.perf_counter() - start,

@@ -84,6 +84,8 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     # (the papers' baseline): runs stored then, and dense baselines, keep their keys
     if not recovering(cfg) or is_dense(cfg):
         data.pop("recovery", None)
+    else:  # how often a recovery is checkpointed changes none of its numbers
+        data["recovery"].pop("checkpoint_every", None)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0
