@@ -25,7 +25,8 @@ from vlm_fixtures import SUITE_TASKS, write_vlm_data
 # grid jobs, dense baselines: the README's "Paper presets" table states these
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
          "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1), "owl": (12, 1),
-         "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1), "calibration": (18, 1), "recovery": (18, 1)}
+         "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1), "calibration": (18, 1),
+         "recovery": (18, 1), "llm_pruner_recovery": (4, 1)}
 QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
 LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
 
@@ -98,9 +99,11 @@ def tiny(name: str, data) -> list[str]:
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", "model.config.max_position_embeddings=2048",
                 "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
                 "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32", *LATENCY]
-    if name == "recovery":  # six blocks for LLM-Pruner's range; one quick recovery step
+    if name in ("recovery", "llm_pruner_recovery"):  # six blocks for LLM-Pruner's range; one quick recovery step
         quick = ["recovery.seq_len=16", "recovery.batch_size=2", "recovery.micro_batch_size=2", "recovery.val_samples=2",
                  "recovery.max_steps=1", "recovery.warmup_steps=0"]
+        if name == "llm_pruner_recovery":  # alpaca-cleaned is on the hub
+            quick += ["recovery.data=file", f"recovery.path={alpaca}", "recovery.seq_len=512"]
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", "model.config.max_position_embeddings=2048",
                 "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true", *quick,
                 "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32"]
