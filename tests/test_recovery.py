@@ -100,14 +100,18 @@ def test_the_masked_merge_keeps_every_zero_of_the_pruning(text_file, calib_text,
     assert len([h for h in history if "recovery/train_loss" in h]) == 3
 
 
+# Wanda on dense-model norms: its scores are cached (the sequential default scores at each sparsity)
+CACHED_WANDA = ["pruner=wanda", "pruner.sequential=false"]
+
+
 def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pruning_score(text_file, calib_text, tmp_path,
                                                                                          monkeypatch, one_thread):
     from prunebench.inputs import job_inputs
     from prunebench.job import score_identity
 
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
-    plain = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3)])
-    lora = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3), *recovery_overrides(text_file)])
+    plain = compose_cfg(TINY_MC + [*CACHED_WANDA, *calib_text(3)])
+    lora = compose_cfg(TINY_MC + [*CACHED_WANDA, *calib_text(3), *recovery_overrides(text_file)])
     keys = {run_key(cfg, job_inputs(cfg, validate(cfg))) for cfg in (plain, lora)}
     assert len(keys) == 2
     assert list(job_inputs(lora, validate(lora))["recovery"]) == [str(text_file)]  # digested like a task file
@@ -119,7 +123,7 @@ def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pru
     # another recovery file is another run: its digest is in the key
     other = tmp_path / "other.txt"
     other.write_text(TEXT.upper() * 60)
-    again = compose_cfg(TINY_MC + ["pruner=wanda", *calib_text(3), *recovery_overrides(other)])
+    again = compose_cfg(TINY_MC + [*CACHED_WANDA, *calib_text(3), *recovery_overrides(other)])
     assert run_key(again, job_inputs(again, validate(again))) not in keys
 
 
