@@ -113,11 +113,6 @@ CASES = {
                                             ["lm-eval task arc_easy", "num_fewshot=3", "('train') holds 2 document(s)",
                                              "use num_fewshot=2 or fewer"]),
     # the checks the config and the model's config decide (tiny-llama: 2 blocks, 4 heads, 256 positions)
-    "calib.seq_len over the model's positions": ([json.dumps(GOOD)], ["pruner=wanda", "calib=file",
-                                                  "calib.path={tmp}/cases.jsonl", "calib.field=question",
-                                                  "calib.seq_len=100000", "calib.allow_eval_split=true"],
-                                                 ["calib.seq_len=100000", "'tiny-llama''s 256 positions",
-                                                  "calib.seq_len=256 or less"]),
     "OWL lamda past any outlier ratios": ([json.dumps(GOOD)], ["pruner=owl", "pruner.lamda=5", "calib=file",
                                                                "calib.path={tmp}/cases.jsonl", "calib.field=question"],
                                           ["pruner.lamda=5.0 at sparsity=0.5 over 2 pruned blocks", "at least 5.5000",
@@ -391,3 +386,12 @@ def test_an_unwritable_export_dir_refuses_the_sweep_once_before_any_job(store, t
     assert proc.stderr.count("export_dir='/proc/prunebench-tests/models': nothing can be written in /proc") == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr[-2000:]
     assert_no_runs(store)
+
+
+def test_calibration_windows_past_the_models_positions_are_said_before_it_loads(tmp_path, caplog):
+    path = write_jsonl(tmp_path / "cases.jsonl", [json.dumps(GOOD)])
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg(mc(path, "pruner=wanda", "calib=file", f"calib.path={path}", "calib.field=question",
+                                "calib.seq_len=100000", "calib.allow_eval_split=true")))
+    assert "calib.seq_len=100000 is beyond model='tiny-llama''s 256 positions" in caplog.text
+    assert "calib.seq_len=256 or less" in caplog.text

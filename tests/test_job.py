@@ -225,11 +225,11 @@ def test_a_failing_dense_baseline_fails_once_and_its_pruned_jobs_name_it(store, 
     calls = []
     real = job.execute
 
-    def execute(cfg, tasks, dense):
+    def execute(cfg, tasks, dense, key):
         calls.append(dense)
         if dense:
             raise RuntimeError("dense model exploded")
-        return real(cfg, tasks, dense)
+        return real(cfg, tasks, dense, key)
 
     monkeypatch.setattr(job, "execute", execute)
     parent = MlflowClient(store).create_run(tracking_store.experiment_id(store, "prunebench"),

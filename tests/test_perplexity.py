@@ -80,7 +80,7 @@ def test_sweep_logs_ppl_and_stability_and_scores_once_for_all_ratios(store, tmp_
     for split in ("train", "test"):
         (tmp_path / "wikitext2" / f"wiki.{split}.raw").write_text(ARTICLE.replace("III", split) * 10)
     base = ["model=tiny-llama", "task=wikitext2_ppl", f"++data_dir={tmp_path}", "task.tasks.wikitext2_ppl.seq_len=32",
-            "pruner=wanda", "calib=wikitext2", "calib.n_samples=4", "calib.seq_len=32",
+            "pruner=wanda", "pruner.sequential=false", "calib=wikitext2", "calib.n_samples=4", "calib.seq_len=32",
             "trainer.enable_progress_bar=false"]
     first = run(compose_cfg(base + ["sparsity=0.3"]))
     second = run(compose_cfg(base + ["sparsity=0.6"]))

@@ -112,9 +112,10 @@ def test_a_plot_whose_interval_misses_its_point_leaves_the_bar_off_and_still_bui
 
     from prunebench.report import plots
 
-    table = pd.DataFrame({"model": ["m", "m"], "pruner": ["none", "heads_random"], "sparsity": [0.0, 0.3],
-                          "run_id": ["d", "p"], "stability/avg": [100.0, 12.85],
-                          "stability/avg_ci_low": [100.0, 668.8], "stability/avg_ci_high": [100.0, 906.2]})
+    # two ratios, so the plot is a line against sparsity (one ratio draws methods side by side)
+    table = pd.DataFrame({"model": ["m"] * 3, "pruner": ["none", "heads_random", "heads_random"],
+                          "sparsity": [0.0, 0.3, 0.5], "run_id": ["d", "p", "q"], "stability/avg": [100.0, 12.85, 10.0],
+                          "stability/avg_ci_low": [100.0, 668.8, 8.0], "stability/avg_ci_high": [100.0, 906.2, 12.0]})
     with caplog.at_level("WARNING"):
         fig = plots.stability_vs_sparsity(table)
     (ax,) = fig.axes
