@@ -65,7 +65,7 @@ server-stop:
 
 # dense vs pruned LLaMA-2-7B-shaped latency table on a GPU machine (fits in 5 minutes)
 bench-gpu: $(STAMP)
-	bash bench/gpu_latency.sh
+	bash scripts/gpu_latency.sh
 
 clean:
 	rm -rf $(VENV) outputs multirun/2* reports

@@ -19,9 +19,13 @@ ALLOWED = {
     "tracking": {"api", "cache"},
     "judges": {"cache", "models"},
     "report": {"api", "tracking", "paths"},
-    # recovery fine-tuning: its data (corpora, calibration's window sampler, evaluation's windows) and
-    # its training on the model adapter, with the job's memory peaks (bench)
-    "recovery": {"models", "corpora", "calibration", "evaluation", "bench"},
+    # recovery fine-tuning: its data (corpora, calibration's window sampler, evaluation's windows, the
+    # hub's alpaca) and its training on the model adapter, with the job's memory peaks (bench), in a
+    # cache folder
+    "recovery": {"api", "models", "corpora", "calibration", "evaluation", "bench", "cache", "hub"},
+    # the exported folder (models' structure), where it goes (the run's MLflow store) and the command
+    # rebuilding it (the job's own pruning path, its checks, a recovery's adapter folder)
+    "export": {"api", "models", "tracking", "recovery", "pruning", "validate"},
 }
 
 

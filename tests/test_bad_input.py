@@ -16,7 +16,7 @@ import pytest
 
 from conftest import TINY_MC, compose_cfg
 from vlm_fixtures import write_vlm_data
-from prunebench import job
+from prunebench import job, pruning
 from prunebench.paths import CONF_DIR
 from prunebench.validate import ConfigError, check_root_keys, validate
 
@@ -200,7 +200,7 @@ def case_overrides(name: str, tmp) -> list[str]:
 def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded for a job that should have been refused")
-    monkeypatch.setattr(job, "get_model", refuse)
+    monkeypatch.setattr(pruning, "get_model", refuse)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -281,7 +281,7 @@ LONG = {**GOOD, "question": "word " * 400}  # over tiny-llama's 256 positions
 
 def test_truncated_prompts_are_counted_and_warned_once_per_task(store, tmp_path, caplog):
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD), json.dumps(LONG), json.dumps(LONG)])
-    with caplog.at_level(logging.WARNING, logger="prunebench.job"):
+    with caplog.at_level(logging.WARNING, logger="prunebench.evaluation.evaluate"):
         metrics = job.run(compose_cfg([*mc(path), "pruner=none", "trainer.enable_progress_bar=false"]))
     assert metrics["local_mc/n_truncated"] == 2
     warned = [r.getMessage() for r in caplog.records if "cut from the left" in r.getMessage()]
@@ -291,8 +291,8 @@ def test_truncated_prompts_are_counted_and_warned_once_per_task(store, tmp_path,
 def test_a_generation_prompt_cut_to_leave_room_is_counted(tmp_path):
     from hydra.utils import instantiate
 
-    from prunebench.evaluation.generation import GenerationDataModule
-    from prunebench.tasks.generation import GenerateUntilTask
+    from prunebench.evaluation.generation.engine import GenerationDataModule
+    from prunebench.tasks.generate_until import GenerateUntilTask
     from prunebench.tasks.sources import JsonSource
 
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD), json.dumps(LONG)])

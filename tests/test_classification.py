@@ -20,14 +20,15 @@ from omegaconf import OmegaConf
 from conftest import TINY_MC, compose_cfg, identity_model
 from prunebench import job
 from prunebench.api.requests import Loglikelihood
-from prunebench.evaluation import loglikelihood as loglikelihood_engine
-from prunebench.evaluation.classification import ClassificationModule
-from prunebench.evaluation.loglikelihood import EncodedDoc, LoglikelihoodModule
+from prunebench.evaluation.loglikelihood import engine as loglikelihood_engine
+from prunebench.evaluation.classification.engine import ClassificationModule
+from prunebench.evaluation.loglikelihood.engine import EncodedDoc, LoglikelihoodModule
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.tasks.glue import LAYOUTS, GlueSource
 from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
-from prunebench.validate import ConfigError, calibration_config, validate
+from prunebench.calibration import calibration_config
+from prunebench.validate import ConfigError, validate
 
 WORDS = "good bad fine awful great terrible movie plot acting the a was is \"odd".split()
 QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]

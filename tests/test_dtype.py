@@ -11,7 +11,7 @@ import torch
 from conftest import FIXTURES, compose_cfg
 from prunebench.api.errors import ConfigError
 from prunebench.api.model_keys import machine_dtype, run_dtype
-from prunebench.job import job_tags
+from prunebench.tracking.tags import job_tags
 from prunebench.models.cache import get_model
 from prunebench.tracking.run_key import run_key
 from prunebench.validate import validate

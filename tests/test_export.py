@@ -138,7 +138,7 @@ def test_tiny_mixtral_wanda_export_round_trips(store, tmp_path, calib):
 
 
 def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib, caplog):
-    from prunebench.export_cli import main
+    from prunebench.export.cli import main
 
     run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib]))
     pruned = last_run()
@@ -156,7 +156,7 @@ def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib
 
 
 def test_prunebench_export_refuses_a_rebuild_that_differs_from_the_run(store, tmp_path, capsys):
-    from prunebench.export_cli import main
+    from prunebench.export.cli import main
 
     run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=magnitude"]))
     pruned = last_run()
@@ -218,7 +218,7 @@ def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tm
     from transformers import AutoModelForImageTextToText
 
     from prunebench.models.cache import get_model
-    from prunebench.models.export import mark_layers, widths, write_pretrained
+    from prunebench.export.folder import mark_layers, widths, write_pretrained
     from test_vlm_pruning import image_inputs, pruned
 
     base = get_model(compose_cfg(["model=tiny-llava"]).model)
@@ -243,7 +243,7 @@ def test_bert_heads_are_padded_back_to_the_config_count(tmp_path):
 
     from prunebench.models.attention import attention_heads
     from prunebench.models.cache import get_model
-    from prunebench.models.export import widths, write_pretrained
+    from prunebench.export.folder import widths, write_pretrained
     from prunebench.pruners.heads import prune_heads
 
     loaded = get_model(compose_cfg(["model=tiny-bert-cls"]).model)
@@ -263,7 +263,7 @@ def test_a_per_layer_export_whose_weights_differ_from_its_structure_fails_the_lo
     import torch
     from safetensors.torch import load_file, save_file
 
-    from prunebench.models.export import mark_layers, widths, write_pretrained
+    from prunebench.export.folder import mark_layers, widths, write_pretrained
     from prunebench.models.hf_causal import load_causal_lm
     from prunebench.models.introspection import count_parameters
     from prunebench.models.narrow import keep_neurons
@@ -298,7 +298,7 @@ def test_a_per_layer_export_whose_weights_differ_from_its_structure_fails_the_lo
 def test_an_export_folder_is_replaced_whole_and_a_foreign_one_refused(tmp_path):
     """`--dir` into a folder holding someone else's files is refused before any work; an earlier export
     of the same run is replaced whole, never mixed with (an old shard index made the new one unloadable)."""
-    from prunebench.export import export_folder
+    from prunebench.export.logged_model import export_folder
 
     foreign = tmp_path / "models" / "run1"
     foreign.mkdir(parents=True)
@@ -314,7 +314,7 @@ def test_an_export_folder_is_replaced_whole_and_a_foreign_one_refused(tmp_path):
 
 
 def test_exporting_again_into_the_dir_leaves_no_stale_file(store, tmp_path):
-    from prunebench.export_cli import main
+    from prunebench.export.cli import main
 
     pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
     (folder / "model.safetensors.index.json").write_text("{}")  # an earlier layout's shard index

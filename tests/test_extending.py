@@ -135,7 +135,7 @@ def test_a_new_request_kind_is_one_engine_and_its_registration(store, monkeypatc
 def test_text_engines_refuse_requests_with_images():
     """Until an engine feeds images, a request carrying one fails instead of being scored as text."""
     from prunebench.api.requests import Loglikelihood
-    from prunebench.evaluation.loglikelihood import LoglikelihoodDataModule
+    from prunebench.evaluation.loglikelihood.engine import LoglikelihoodDataModule
     from prunebench.models.cache import get_model
     from prunebench.tasks.multiple_choice import Instance, MultipleChoiceTask
 

@@ -234,7 +234,7 @@ def test_a_model_family_it_does_not_prune_is_refused_before_loading():
 
 
 def test_a_config_that_cannot_state_the_biases_is_refused_at_export(tmp_path):
-    from prunebench.models.export import widths, write_pretrained
+    from prunebench.export.folder import widths, write_pretrained
 
     torch.manual_seed(0)
     config = AutoConfig.for_model("gemma3_text", vocab_size=97, hidden_size=HIDDEN, intermediate_size=NEURONS,

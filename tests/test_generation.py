@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from prunebench.api.metrics import mean_stderr
-from prunebench.evaluation.generate import Generator, cut_at_stops
+from prunebench.evaluation.generation.greedy import Generator, cut_at_stops
 from prunebench.models.tiny import load_tiny
-from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TaskGroup
+from prunebench.tasks.generate_until import ExactMatch, GenerateUntilTask, Regex, TaskGroup
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}

@@ -17,7 +17,7 @@ from conftest import compose_cfg
 from prunebench.api.errors import ConfigError
 from prunebench.models.vlm import open_image
 from prunebench.tasks.build import build_tasks
-from prunebench.tasks.generation import GenerateUntilTask
+from prunebench.tasks.generate_until import GenerateUntilTask
 from prunebench.tasks.sources import JsonSource
 
 NAMES = ["VizWiz_val_00000000.jpg", "VizWiz_val_00000001.jpg", "VizWiz_val_00000002.jpg"]
@@ -96,7 +96,7 @@ def test_documents_that_carry_their_pictures_need_no_image_dir(pictures):
 
 
 def test_a_zip_feeds_the_model_as_the_folder_does(pictures):
-    from prunebench.evaluation.generation import GenerationDataModule, GenerationModule
+    from prunebench.evaluation.generation.engine import GenerationDataModule, GenerationModule
     from prunebench.models.cache import get_model
 
     model = get_model(compose_cfg(["model=tiny-llava"]).model)

@@ -122,7 +122,7 @@ def test_cli_multirun_sweeps_a_grid(store):
 def test_remote_code_stays_off_unless_set_and_is_a_tag_when_set(monkeypatch):
     import transformers
 
-    from prunebench.job import job_tags
+    from prunebench.tracking.tags import job_tags
     from prunebench.models.hf_causal import load_causal_lm
 
     seen = []

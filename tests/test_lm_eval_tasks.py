@@ -326,7 +326,7 @@ def test_wanda_zeroshot_suite_dense_and_wanda_give_metrics_stability_and_the_pap
                                                             ("lambada_openai", None, 3), ("wikitext", None, 1)])
 def test_gemma_on_the_shared_data_equals_simple_evaluate(name, num_fewshot, limit):
     """The real files through their release-format readers, on Gemma 3 270M (fp32): lm-eval's own
-    numbers document by document (bench/lm_eval_tasks.py measures more documents)."""
+    numbers document by document (scripts/lm_eval_tasks.py measures more documents)."""
     data_dir = str(shared_file().resolve())
     gemma = get_model(compose_cfg(["model=gemma3-270m"]).model)
     overrides = [f"task.lm_eval=[{name}]", f"data_dir={data_dir}", f"limit={limit}"]

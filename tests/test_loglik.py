@@ -12,7 +12,7 @@ import torch
 from conftest import close_to
 
 from prunebench.evaluation.encoding import encode_pair, model_input
-from prunebench.evaluation.loglik import common_prefix_len, padded_runs, score_choices, score_documents
+from prunebench.evaluation.loglikelihood.scorer import common_prefix_len, padded_runs, score_choices, score_documents
 from prunebench.models.tiny import load_tiny
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -132,7 +132,7 @@ STEMMED = [([f"Arithmetic questions.\n\n{SHOTS}Question: what is {a} plus {b}?\n
 
 @pytest.mark.parametrize("config", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
 def test_documents_sharing_a_stem_run_it_once_and_score_as_the_plain_computation(config):
-    from prunebench.evaluation.loglik import stems
+    from prunebench.evaluation.loglikelihood.scorer import stems
 
     loaded = load_tiny(name="t", config=config, seed=3)
     docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in STEMMED]
@@ -157,7 +157,7 @@ GEMMA3_WIDE = {**GEMMA3, "sliding_window": 64, "layer_types": ["sliding_attentio
 @pytest.mark.parametrize("config", [LLAMA, GEMMA3_WIDE], ids=["llama", "gemma3"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_documents_run_as_tries_feed_each_distinct_token_once_in_one_forward(config, attention):
-    from prunebench.evaluation.loglik import tree_masks_exact
+    from prunebench.evaluation.loglikelihood.scorer import tree_masks_exact
 
     loaded = load_tiny(name="t", config=config, seed=3)
     loaded.model.set_attn_implementation(attention)
@@ -175,7 +175,7 @@ def test_documents_run_as_tries_feed_each_distinct_token_once_in_one_forward(con
 
 
 def test_a_sliding_window_shorter_than_a_document_keeps_the_cached_path():
-    from prunebench.evaluation.loglik import tree_masks_exact
+    from prunebench.evaluation.loglikelihood.scorer import tree_masks_exact
 
     loaded = load_tiny(name="t", config=GEMMA3, seed=3)  # window 8
     docs = [encode_doc(loaded.tokenizer, c, x, 256) for c, x in DOCUMENTS]

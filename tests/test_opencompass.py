@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from conftest import FIXTURES, close_to, compose_cfg
-from prunebench.evaluation.loglikelihood import LoglikelihoodDataModule
+from prunebench.evaluation.loglikelihood.engine import LoglikelihoodDataModule
 from prunebench.evaluation.registry import evaluation
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
@@ -152,7 +152,7 @@ def refuse(*args, **kwargs):
      r"task\.tasks\.hellaswag\.source\.path=FILE"),              # its documents are the lm-eval task's
 ])
 def test_a_task_without_that_protocols_version_fails_before_any_model_loads(monkeypatch, overrides, match, no_wheel):
-    monkeypatch.setattr("prunebench.job.get_model", refuse)
+    monkeypatch.setattr("prunebench.pruning.get_model", refuse)
     with pytest.raises(ConfigError, match=match):
         run(compose_cfg(TINY + [f"data_dir={RELEASE}", *overrides]))
 

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import compose_cfg
 from prunebench.cache import content_key
-from prunebench.job import score_identity
+from prunebench.pruning import score_identity
 from prunebench.paths import CONF_DIR
 from prunebench.plan import main as plan_main
 from prunebench.pruners.score_cache import cached_scores

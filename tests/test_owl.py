@@ -14,7 +14,8 @@ import torch
 
 from conftest import compose_cfg
 from prunebench.api.errors import ConfigError
-from prunebench.job import run, score_identity
+from prunebench.job import run
+from prunebench.pruning import score_identity
 from prunebench.models.tiny import load_tiny
 from prunebench.pruners.owl import OWLPruner, layer_sparsities
 from prunebench.report.build import write_report

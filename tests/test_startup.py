@@ -1,7 +1,7 @@
 """What a job imports. A job that does not run (refused by validation, or already FINISHED) answers
 without loading Lightning and what comes with it; no job loads a library its tasks and model do not
 use. Read from the modules a real CLI process holds when it exits, so no CPU's speed decides it
-(bench/overhead.py times the same paths). And the collector around those imports: what they add is
+(scripts/overhead.py times the same paths). And the collector around those imports: what they add is
 frozen once, a sweep's later jobs freeze nothing, and a command still closes its SQLite store."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from conftest import FIXTURES, TINY_MC
 from prunebench import collector
-from prunebench.job import skip_gpu_compiler
+from prunebench.startup import skip_gpu_compiler
 
 JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES / 'benchmarks'}", "limit=1",
        "trainer.enable_progress_bar=false"]

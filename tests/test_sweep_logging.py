@@ -1,7 +1,7 @@
 """A sweep's later jobs pay for nothing the first one did once for the process: Hydra configures each
 job's logging as it starts, and a job applies that configuration again only when it imported
-Lightning, which sets its logger to INFO as it loads (job.load_libraries). Counted, not timed
-(bench/overhead.py times it); and what the configuration is for still holds: Lightning's INFO lines
+Lightning, which sets its logger to INFO as it loads (startup.load_libraries). Counted, not timed
+(scripts/overhead.py times it); and what the configuration is for still holds: Lightning's INFO lines
 stay out of every job's log."""
 
 from __future__ import annotations

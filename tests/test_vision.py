@@ -15,7 +15,7 @@ from PIL import Image
 
 from conftest import compose_cfg, identity_model
 from prunebench import job
-from prunebench.evaluation.classification import ClassificationModule
+from prunebench.evaluation.classification.engine import ClassificationModule
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate

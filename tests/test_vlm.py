@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 
 from conftest import compose_cfg
-from prunebench.evaluation.generation import GenerationDataModule, GenerationModule
+from prunebench.evaluation.generation.engine import GenerationDataModule, GenerationModule
 from prunebench.models.cache import get_model
-from prunebench.tasks.generation import GenerateUntilTask
+from prunebench.tasks.generate_until import GenerateUntilTask
 from prunebench.tasks.sources import JsonSource
 
 QUESTIONS = ["What is shown?", "What colour is the large shape in the middle of this picture?", "Count them."]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from prunebench.tasks.generation import Request
+from prunebench.tasks.generate_until import Request
 from prunebench.tasks.scienceqa import ScienceQATask
 from prunebench.tasks.vqa import (llava_scienceqa_answer, normalize_answer, scienceqa_exact_match,
                                   vqa_soft_accuracy)

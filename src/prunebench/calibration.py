@@ -3,14 +3,19 @@
 `stream` sampling cuts random windows from the corpus joined into one token stream (SparseGPT's and
 Wanda's WikiText-2 loader); `document` sampling draws a random document longer than a window and a
 random window inside it (their C4 loader). Each window starts with BOS when the tokenizer adds one
-(see evaluation/windows.py), so its activations look like the ones evaluation produces."""
+(see evaluation/perplexity/windows.py), so its activations look like the ones evaluation produces."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from prunebench.api.errors import ConfigError
+from prunebench.api.task_keys import task_names
 from prunebench.corpora import C4, Alpaca, TaskText, TextCorpus, TextFile, WikiText2, task_data_ids
 from prunebench.evaluation.encoding import window_prefix
 
@@ -132,7 +137,7 @@ class LabelledCalibration:
     inputs with `labels`, which pruners/structured.calibration_batches uses as they are.
 
     `task`: its definition; left unset in the config it is the evaluated task's own train split
-    (validate.calibration_config)."""
+    (calibration_config)."""
 
     def __init__(self, task, name: str = "labelled", n_samples: int = 32, seed: int = 0,
                  allow_eval_split: bool = False):
@@ -165,3 +170,34 @@ class LabelledCalibration:
 
     def batches(self, loaded, batch_size: int) -> list[dict[str, torch.Tensor]]:
         return self.task.labelled_batches(loaded, self.n_samples, self.seed, batch_size)
+
+
+def calibration_config(cfg: DictConfig) -> DictConfig:
+    """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
+    overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
+    train split, the file it was fine-tuned on, not the evaluated one."""
+    calib = cfg.calib
+    target = calib.get("_target_")
+    if target is None or not issubclass(get_class(target), LabelledCalibration):
+        return calib
+    task = calib.get("task")
+    if task is not None and task.get("_target_") is not None:
+        return calib
+    evaluated = task_names(cfg.task)
+    if len(evaluated) != 1:
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
+                          f"task_library@calib.task=NAME")
+    if evaluated[0] not in (cfg.task.get("tasks") or {}):
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"{evaluated[0]} is an lm-eval task (task.lm_eval), which has no definition here to take it "
+                          f"from; name one: task_library@calib.task=NAME, or calib=file")
+    own = cfg.task.tasks[evaluated[0]]
+    if "split" not in own.get("source", {}):
+        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
+                          f"task {evaluated[0]}'s source ({own.source.get('_target_')}) has no split; give its "
+                          f"train data: task_library@calib.task=NAME calib.task.source...=...")
+    out = copy.deepcopy(calib)  # still under the root config, so `${seed}` and the like resolve
+    with open_dict(out):
+        out.task = OmegaConf.merge(own, {"source": {"split": "train", "path": None}}, task or {})
+    return out

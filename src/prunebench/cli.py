@@ -32,7 +32,8 @@ OmegaConf.register_new_resolver("prunebench_config_groups", lambda searchpath=()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    from prunebench.job import quiet_libraries, run
+    from prunebench.job import run
+    from prunebench.startup import quiet_libraries
     from prunebench.api.errors import ConfigError, refuse
 
     quiet_libraries()

@@ -1,7 +1,7 @@
 """The garbage collector around a process's library imports. torch, transformers, Lightning (with
 torchmetrics, torchvision and torch._dynamo) and MLflow leave some 600k long-lived objects: the
 collector's passes over them cost a one-document job about 1 s during the imports and 2 s more at
-interpreter exit, where every module's objects are swept again (bench/overhead.py). So a batch of
+interpreter exit, where every module's objects are swept again (scripts/overhead.py). So a batch of
 imports runs with the collector off, and what it added is then frozen (`gc.freeze`, the standard
 library's answer for long-lived objects): later passes, and the one at exit, skip it."""
 

@@ -38,5 +38,5 @@ def status() -> int:
 
 def export() -> int:
     with collector.importing():
-        from prunebench.export_cli import main
+        from prunebench.export.cli import main
     return main()

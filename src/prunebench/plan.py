@@ -81,7 +81,7 @@ def size_class(model: DictConfig) -> str:
 def work_class(cfg: DictConfig, scored: set[str]) -> str:
     """What the job computes: scoring is paid by the first job of a (model, scorer, calib) group and
     read from the score cache by the others; MoP re-scores as it prunes, in every job."""
-    from prunebench.job import score_identity
+    from prunebench.pruning import score_identity
 
     pruner = instantiate(cfg.pruner, _convert_="all")  # an option may decide `cacheable` (wanda's sequential)
     if is_dense(cfg) or not pruner.needs_calibration:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 import importlib.util
@@ -19,7 +18,7 @@ from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.api.task_keys import task_names
 from prunebench.cache import check_cache, check_writable
 from prunebench.hub import deferring
-from prunebench.calibration import LabelledCalibration
+from prunebench.calibration import LabelledCalibration, calibration_config
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.checkpoint_folder import check_checkpoint_folder
 from prunebench.models.introspection import TOWERS
@@ -27,7 +26,7 @@ from prunebench.models.loaded import DTYPES
 from prunebench.models.pretrained import POSITION_KEYS, checkpoint_config, position_limit
 from prunebench.paths import CONF_DIR
 from prunebench.pruners.base import torch_seed
-from prunebench.recovery.data import RecoveryData
+from prunebench.recovery.data import recovery_data
 from prunebench.tasks.build import build_tasks
 from prunebench.tracking import server
 from prunebench.tracking.run_key import is_dense, recovering
@@ -289,19 +288,6 @@ RECOVERY_CHOICES = {"objective": ("lm", "distill"), "parameters": ("lora", "full
 RECOVERY_COUNTS = ("seq_len", "batch_size", "micro_batch_size", "epochs", "val_samples", "val_every")
 
 
-def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> RecoveryData:
-    """The recovery's data, its options checked (not the data itself: `check_recovery`)."""
-    options = OmegaConf.to_container(cfg.recovery, resolve=True)
-    task = None
-    if options["data"] == "task" and cfg.recovery.get("task") is not None:
-        with deferring(deferred):
-            task = instantiate(cfg.recovery.task, _convert_="all")
-    try:
-        return RecoveryData(options, cfg.get("data_dir"), task)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
 def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | None = None) -> None:
     """recovery=...: its options, the model family, a sequence length the model reads, and its data
     (there, non-empty, the alpaca schema, one batch besides the held-out examples), before any model
@@ -341,37 +327,6 @@ def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | N
             data.check()
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(str(err)) from None
-
-
-def calibration_config(cfg: DictConfig) -> DictConfig:
-    """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
-    overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
-    train split, the file it was fine-tuned on, not the evaluated one."""
-    calib = cfg.calib
-    target = calib.get("_target_")
-    if target is None or not issubclass(get_class(target), LabelledCalibration):
-        return calib
-    task = calib.get("task")
-    if task is not None and task.get("_target_") is not None:
-        return calib
-    evaluated = task_names(cfg.task)
-    if len(evaluated) != 1:
-        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
-                          f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
-                          f"task_library@calib.task=NAME")
-    if evaluated[0] not in (cfg.task.get("tasks") or {}):
-        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
-                          f"{evaluated[0]} is an lm-eval task (task.lm_eval), which has no definition here to take it "
-                          f"from; name one: task_library@calib.task=NAME, or calib=file")
-    own = cfg.task.tasks[evaluated[0]]
-    if "split" not in own.get("source", {}):
-        raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
-                          f"task {evaluated[0]}'s source ({own.source.get('_target_')}) has no split; give its "
-                          f"train data: task_library@calib.task=NAME calib.task.source...=...")
-    out = copy.deepcopy(calib)  # still under the root config, so `${seed}` and the like resolve
-    with open_dict(out):
-        out.task = OmegaConf.merge(own, {"source": {"split": "train", "path": None}}, task or {})
-    return out
 
 
 def reads_images(task) -> bool:

@@ -16,7 +16,7 @@ from typing import ClassVar, NamedTuple, Protocol
 LOGLIKELIHOOD = "loglikelihood"
 LOGLIKELIHOOD_ROLLING = "loglikelihood_rolling"
 GENERATE_UNTIL = "generate_until"
-CLASSIFY = "classify"  # a classifier's logits for (input, label) examples (evaluation/classification.py)
+CLASSIFY = "classify"  # a classifier's logits for (input, label) examples (evaluation/classification/engine.py)
 
 # the model families whose adapter answers each text kind (a language model's tokenizer and LM head);
 # `classify` tasks name their own (`families`), and a request with images needs a vision-language model
@@ -94,7 +94,7 @@ class Task(Protocol):
     The log-likelihood engine also asks `metric_objects(documents)` (the task's torchmetrics, built
     once every document is known) and reads `loglikelihood_scoring` (CONTINUATION when absent); a
     `classify` task streams `examples(limit)` and `collate(model)` instead of documents, its
-    metrics seeing whole batches of logits (evaluation/classification.py)."""
+    metrics seeing whole batches of logits (evaluation/classification/engine.py)."""
 
     kind: ClassVar[str]
     name: str

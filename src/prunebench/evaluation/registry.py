@@ -17,10 +17,10 @@ from prunebench.api.requests import CLASSIFY, GENERATE_UNTIL, LOGLIKELIHOOD, LOG
 Engine = Callable  # (task, model: LoadedModel, limit: int | None, options) -> (datamodule, module)
 
 ENGINES: dict[str, str | Engine] = {
-    LOGLIKELIHOOD: "prunebench.evaluation.loglikelihood.evaluation",
-    LOGLIKELIHOOD_ROLLING: "prunebench.evaluation.perplexity.evaluation",
-    GENERATE_UNTIL: "prunebench.evaluation.generation.evaluation",
-    CLASSIFY: "prunebench.evaluation.classification.evaluation",
+    LOGLIKELIHOOD: "prunebench.evaluation.loglikelihood.engine.evaluation",
+    LOGLIKELIHOOD_ROLLING: "prunebench.evaluation.perplexity.engine.evaluation",
+    GENERATE_UNTIL: "prunebench.evaluation.generation.engine.evaluation",
+    CLASSIFY: "prunebench.evaluation.classification.engine.evaluation",
 }
 
 

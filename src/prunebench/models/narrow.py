@@ -3,7 +3,7 @@ the structured pruners do to prune and the loader does to rebuild an export stor
 
 A stock transformers config states one head count and one MLP width for every layer; FLAP's
 adaptive structures, heads ranked across the model and LLM-Pruner's layer range leave layers
-different. The export (models/export.py) stores each layer at its own widths, its config stating
+different. The export (export/folder.py) stores each layer at its own widths, its config stating
 the widest and pruning.json's `structure` each layer's (`layout: per_layer`). `load_narrowed`
 builds the model from the config, narrows every layer to its stored widths and loads the weights
 strictly. transformers knows no per-layer width (`from_pretrained` builds the config's shapes and

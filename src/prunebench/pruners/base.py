@@ -45,7 +45,7 @@ class Pruner:
     # `sequential`) sets it on the instance; plan.work_class reads the instance too
     cacheable: bool = True
     # options that change only how the scores are applied, not the scores: left out of the score
-    # cache's key (job.score_identity), so runs differing in them share one scoring
+    # cache's key (pruning.score_identity), so runs differing in them share one scoring
     unscored: ClassVar[frozenset[str]] = frozenset()
     # False: the pruner changes how the model runs, not its weights, so export=true has nothing to write
     exportable: ClassVar[bool] = True

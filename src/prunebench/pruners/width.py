@@ -110,7 +110,7 @@ def prune_width(model: nn.Module, scores: dict[str, list[torch.Tensor]], heads_k
 
 def sync_intermediate(model: nn.Module, mlps: list[nn.Module]) -> None:
     """The MLP width into the config when every layer keeps the same one (uneven widths are padded
-    at export, models/export.py)."""
+    at export, export/folder.py)."""
     sizes = {m.down_proj.in_features for m in mlps}
     config = tower_config(model, "language")
     if config is not None and len(sizes) == 1 and hasattr(config, "intermediate_size"):

@@ -15,10 +15,15 @@ import json
 import random
 from pathlib import Path
 
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from prunebench.api.errors import ConfigError
 from prunebench.calibration import Calibration
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
 from prunebench.evaluation.encoding import window_prefix
+from prunebench.hub import deferring
 
 DATA = ("alpaca", "file", "wikitext2", "task")
 RECORD_KEYS = ("instruction", "output")
@@ -157,7 +162,7 @@ class RecoveryData:
     def windows(self, tokenizer) -> list[dict[str, list[int]]]:
         """Consecutive windows of the text (each starting with the BOS evaluation gives a window), or
         `n_samples` at random starts drawn per seed, by calibration's own sampler."""
-        from prunebench.evaluation.windows import token_windows
+        from prunebench.evaluation.perplexity.windows import token_windows
 
         options, corpus = self.options, self.corpus()
         if options["n_samples"]:
@@ -179,3 +184,16 @@ class RecoveryData:
         order = list(range(len(examples)))
         random.Random(self.options["seed"]).shuffle(order)
         return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
+
+
+def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> RecoveryData:
+    """The recovery's data, its options checked (not the data itself: `check_recovery`)."""
+    options = OmegaConf.to_container(cfg.recovery, resolve=True)
+    task = None
+    if options["data"] == "task" and cfg.recovery.get("task") is not None:
+        with deferring(deferred):
+            task = instantiate(cfg.recovery.task, _convert_="all")
+    try:
+        return RecoveryData(options, cfg.get("data_dir"), task)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

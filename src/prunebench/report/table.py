@@ -157,7 +157,7 @@ def documents(counts: dict[str, list[float]]) -> str:
 
 def withheld_note(runs: pd.DataFrame) -> str:
     """Why a task has no number in a table although its run finished: one line per run and task
-    whose job withheld the score (a judge that failed too often; job.withheld_tasks), '' when none."""
+    whose job withheld the score (a judge that failed too often; headline.withheld_tasks), '' when none."""
     lines = []
     for _, run in runs.iterrows():
         tag = run.get(f"tags.{WITHHELD_TAG}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from prunebench.tasks import bigbench_sdist
-from prunebench.tasks.generation import ExactMatch, GenerateUntilTask, Regex, TakeFirst, TaskGroup
+from prunebench.tasks.generate_until import ExactMatch, GenerateUntilTask, Regex, TakeFirst, TaskGroup
 from prunebench.tasks.sources import BenchmarkSource, DocSource, read_records
 
 INVALID = "[invalid]"

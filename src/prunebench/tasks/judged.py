@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from prunebench.tasks.generation import GenerateUntilTask
+from prunebench.tasks.generate_until import GenerateUntilTask
 from prunebench.tasks.sources import DocSource, read_utf8
 
 log = logging.getLogger(__name__)

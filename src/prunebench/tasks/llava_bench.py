@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from prunebench.tasks.generation import Request, TakeFirst
+from prunebench.tasks.generate_until import Request, TakeFirst
 from prunebench.tasks.judged import JudgedTask, check_part, ratio_or_nan
 from prunebench.tasks.sources import DocSource
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prunebench.tasks.generation import GenerateUntilTask, Request, TakeFirst
+from prunebench.tasks.generate_until import GenerateUntilTask, Request, TakeFirst
 from prunebench.tasks.sources import JsonSource
 from prunebench.tasks.vqa import llava_scienceqa_answer, scienceqa_exact_match
 

@@ -11,7 +11,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from prunebench.tasks.generation import GenerateUntilTask, Request
+from prunebench.tasks.generate_until import GenerateUntilTask, Request
 
 # the official table: an answer written without its apostrophe -> with it
 CONTRACTIONS = {

@@ -20,7 +20,7 @@ from prunebench.api.errors import ConfigError
 
 log = logging.getLogger(__name__)
 KEY_TAG = "prunebench.run_key"
-# {task: why it has no headline number}: job.withheld_tasks writes it, the reports name it
+# {task: why it has no headline number}: headline.withheld_tasks writes it, the reports name it
 WITHHELD_TAG = "prunebench.withheld"
 
 
@@ -162,3 +162,21 @@ def missing_store(uri: str) -> str | None:
         return None
     return (f"no MLflow store at {uri} ({path.resolve()} does not exist); name an existing one with "
             f"--tracking-uri or MLFLOW_TRACKING_URI")
+
+
+def record_invalid(cfg, overrides, parent_run_id: str, err: ConfigError) -> None:
+    """A sweep's job refused by validation still counts: a FAILED run under the sweep's parent,
+    carrying the message, so the parent's jobs_failed and the UI show it. Nothing loaded, nothing
+    else logged; a store that cannot be reached leaves the console's message as the record."""
+    from omegaconf import OmegaConf
+
+    try:
+        uri = tracking_uri(cfg.tracking.uri)
+        client = MlflowClient(uri)
+        names = [str(OmegaConf.select(cfg, f"{group}.name", default="?")) for group in ("model", "pruner", "task")]
+        created = client.create_run(experiment_id(uri, cfg.tracking.experiment), run_name="|".join(names) + " (invalid)",
+                                    tags={"mlflow.parentRunId": parent_run_id, "hydra.overrides": " ".join(overrides),
+                                          "prunebench.error": f"ConfigError: {err}"[:5000]})
+        client.set_terminated(created.info.run_id, "FAILED")
+    except Exception:  # the config error is what the user must see, not a second one about the store
+        log.exception("could not record the invalid job in the store")

@@ -5,7 +5,7 @@ Random weights are enough: latency depends on shapes, not values. Each pruned va
 the shape the pruner produces (25% of layers, of heads, of MLP width removed), plus the dense shape
 with 2:4 sparse kernels. `--shape tiny` runs the same code on the CPU in seconds (used by the tests).
 
-    python bench/gpu_latency.py            # on a GPU machine with only the repo: < 5 minutes
+    python scripts/gpu_latency.py            # on a GPU machine with only the repo: < 5 minutes
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 model files and documents, each timed from interpreter start to exit (imports, model load, task
 set-up, scoring; ours also its MLflow store and run records).
 
-    .venv/bin/python bench/whole_process.py model.dtype=bfloat16 task=winogrande data_dir=../shared/data limit=600
+    .venv/bin/python scripts/whole_process.py model.dtype=bfloat16 task=winogrande data_dir=../shared/data limit=600
 
 The lm-eval process is lm-eval's own: `HFLM(pretrained=<the model folder>)` loads the model, its
 TaskManager builds the task from lm-eval's definitions over our documents written in the hub's

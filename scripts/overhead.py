@@ -9,7 +9,7 @@ interleaved so that a load that comes and goes weighs on both alike (goal: at mo
 and 1 s beyond it); and what a job after the first adds inside a sweep beyond its own work (goal:
 at most 0.5 s), with Hydra's basic launcher (the same process) and with joblib's (reused workers).
 
-    .venv/bin/python bench/overhead.py [--jobs 4] [--rounds 3] [--only-goals] [--out overhead.json]
+    .venv/bin/python scripts/overhead.py [--jobs 4] [--rounds 3] [--only-goals] [--out overhead.json]
 
 The goals' numbers are wall-clock seconds, a sweep's job as the sweep recorded it. Then each phase
 runs in a fresh interpreter so that nothing is imported or cached before it is timed, and its number

@@ -1,7 +1,7 @@
 """Where a dense job's peak host memory goes: libraries, tokenizer, the model (what the in-process
 cache holds and the job's copy), and evaluation's activations, against the weights' own bytes.
 
-    .venv/bin/python bench/memory_budget.py [model=gemma3-270m task=arc_easy limit=50 ...]
+    .venv/bin/python scripts/memory_budget.py [model=gemma3-270m task=arc_easy limit=50 ...]
 
 The arguments are Hydra overrides of one job (defaults below: a dense gemma3-270m fp32 job on 50
 ARC-Easy documents from ../shared/data). The phases run in one fresh process in a job's order; each
@@ -53,7 +53,8 @@ def main(overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
     from prunebench.bench import memory
-    from prunebench.job import evaluate_task, load_libraries
+    from prunebench.evaluation.evaluate import evaluate_task
+    from prunebench.startup import load_libraries
     from prunebench.models import cache
     from prunebench.paths import CONF_DIR
     from prunebench.validate import validate

@@ -1,5 +1,5 @@
 """The `loglikelihood` engine: documents -> tokenised requests -> length-sorted batches of whole
-documents -> log-likelihoods (loglik.score_documents) -> the task's process_results -> torchmetrics.
+documents -> log-likelihoods (scorer.score_documents) -> the task's process_results -> torchmetrics.
 
 Two tokenisations (the task's `loglikelihood_scoring`): lm-eval's continuation (context and
 continuation tokenised jointly, left-truncated, the continuation's tokens scored), and OpenCompass's
@@ -23,8 +23,8 @@ from prunebench.api.metric_objects import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
 from prunebench.evaluation.batching import DEFAULT_TOKENS, budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
-from prunebench.evaluation.loglik import STEM_MIN, common_prefix_len, score_documents
-from prunebench.evaluation.loglik_lm_eval import score_documents_lm_eval
+from prunebench.evaluation.loglikelihood.scorer import STEM_MIN, common_prefix_len, score_documents
+from prunebench.evaluation.loglikelihood.lm_eval_numerics import score_documents_lm_eval
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.loaded import LoadedModel
 
@@ -109,7 +109,7 @@ class LoglikelihoodDataModule(L.LightningDataModule):
             self.batches = [docs]
             return
         # documents that begin alike (a task's few-shot examples) are batched together, so that the
-        # scorer runs their stem once (loglik.stems); the others as before, by length
+        # scorer runs their stem once (scorer.stems); the others as before, by length
         clusters = defaultdict(list)
         for doc in docs:
             clusters[tuple(doc.inputs[0][:STEM_MIN])].append(doc)

@@ -14,7 +14,7 @@ Why all of it: in bf16 a choice's log-likelihood is rounded to 8 significant bit
 tie (the first wins), and matmul and attention kernels round a row differently in batches of a
 different shape, by as much as a few tenths of a nat per choice on gemma3-270m. So only the same
 rows in the same batches give lm-eval's numbers; its own batch sizes disagree with each other
-(bench/mc_throughput.py measures by how much). With the same batch_size, on the same hardware and
+(scripts/mc_throughput.py measures by how much). With the same batch_size, on the same hardware and
 kernels, the numbers are lm-eval's bit for bit (tests/test_lm_eval_conformance.py)."""
 
 from __future__ import annotations

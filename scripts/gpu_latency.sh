@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make install >/dev/null
-timeout 300 .venv/bin/python bench/gpu_latency.py "$@"
+timeout 300 .venv/bin/python scripts/gpu_latency.py "$@"

@@ -21,10 +21,10 @@ parameters x distinct tokens, plus attention (QK^T and AV at each token's own sp
 window where the layer has one), plus 2 x hidden x vocabulary per scored position. The matmul peak is
 a `torch.matmul` probe at the dtype and thread count of the run, on shapes the size of the model's.
 
-    PYTHONPATH=src .venv/bin/python bench/scorer_limit.py model=gemma3-270m data_dir=../shared/data limit=50 \\
+    PYTHONPATH=src .venv/bin/python scripts/scorer_limit.py model=gemma3-270m data_dir=../shared/data limit=50 \\
         --tasks arc_challenge,hellaswag,winogrande,mmlu:5 --dtypes float32,bfloat16 --threads 2 --out limit.json
 
-`--tasks`: as bench/lm_eval_tasks.py (`name:k` for k-shot); `--limits mmlu=2` sets one task's
+`--tasks`: as scripts/lm_eval_tasks.py (`name:k` for k-shot); `--limits mmlu=2` sets one task's
 documents (per MMLU subject: lm-eval's --limit). HellaSwag's original jsonl is absent from
 ../shared/data: then its llama.cpp jsonl view is read in its place (an overlay folder of links)."""
 
@@ -44,7 +44,7 @@ import torch
 from lightning import Trainer
 
 from lm_eval_tasks import bridge_tasks
-from prunebench.evaluation import loglik, loglikelihood
+from prunebench.evaluation.loglikelihood import engine as loglikelihood, scorer as loglik
 from prunebench.evaluation.head import token_logprobs
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model

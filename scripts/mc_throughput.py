@@ -8,7 +8,7 @@ lm-eval at `--lm-eval-batch-size`; and the same agreement of lm-eval at `--noise
 itself at the reference batch size, the noise floor at the model's dtype. A disagreement whose two
 best scores are within --tie of each other is counted as a near-tie.
 
-    .venv/bin/python bench/mc_throughput.py model=gemma3-270m model.dtype=bfloat16 task=winogrande \
+    .venv/bin/python scripts/mc_throughput.py model=gemma3-270m model.dtype=bfloat16 task=winogrande \
         data_dir=../shared/data limit=600 eval.lm_eval_batch_size=8 --numerics fast,lm_eval
 
 Arguments other than the --options are prunebench config overrides: any `model.dtype`,

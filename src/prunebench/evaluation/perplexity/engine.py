@@ -14,7 +14,7 @@ from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
 from prunebench.evaluation.batching import budget
 from prunebench.evaluation.head import token_logprobs
-from prunebench.evaluation.windows import TokenWindowDataModule
+from prunebench.evaluation.perplexity.windows import TokenWindowDataModule
 from prunebench.models.loaded import LoadedModel
 
 

@@ -22,7 +22,7 @@ from prunebench.api.metrics import mean_stderr
 from prunebench.api.requests import Document
 from prunebench.evaluation.batching import DEFAULT_TOKENS, budget, pack, refuse_images
 from prunebench.evaluation.encoding import encode
-from prunebench.evaluation.generate import Generator
+from prunebench.evaluation.generation.greedy import Generator
 from prunebench.models.loaded import LoadedModel
 
 

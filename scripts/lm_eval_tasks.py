@@ -6,7 +6,7 @@ per side, then each side's evaluation timed (ours: requests -> our engine in the
 Per task: seconds of both (wall and CPU), the ratio, the primary metric of both, and how many
 documents score the same on it.
 
-    .venv/bin/python bench/lm_eval_tasks.py model=gemma3-270m model.dtype=bfloat16 data_dir=../shared/data \\
+    .venv/bin/python scripts/lm_eval_tasks.py model=gemma3-270m model.dtype=bfloat16 data_dir=../shared/data \\
         limit=100 --tasks boolq,rte,mmlu:5 --threads 2
 
 `--tasks`: lm-eval names, `name:k` for k-shot, `name:k:metric` (or `name::metric`) for the metric

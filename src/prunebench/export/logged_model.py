@@ -81,9 +81,9 @@ def export_folder(export_dir: str, run_id: str) -> Path:
 def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
                  run_id: str, adapter: Path | None = None) -> str:
     """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
-    returns that tag's value. `before`: its widths before pruning (models/export.widths);
+    returns that tag's value. `before`: its widths before pruning (export/folder.widths);
     `adapter`: a recovery's LoRA adapter folder (peft's), copied into the export's `adapter/`."""
-    from prunebench.models.export import write_pretrained
+    from prunebench.export.folder import write_pretrained
     from prunebench.recovery import ADAPTER
 
     def write(target: Path) -> None:

@@ -4,7 +4,7 @@ a change of machine load falls on both, and the physically smaller export reload
 same way. A job's own `latency/speedup` divides by the dense median timed when the dense job ran,
 which on a shared machine may be minutes earlier under another load; this script is the ratio to quote.
 
-    python bench/structured_latency.py --model smollm2-135m --pruners sleb,flap,llm_pruner \
+    python scripts/structured_latency.py --model smollm2-135m --pruners sleb,flap,llm_pruner \
         --sparsities 0.2,0.5 --rounds 3 -- data_dir=../shared/data calib=file calib.path=... calib.n_samples=4
 
 Everything after `--` is Hydra overrides for every job (calibration, data_dir); the scores come from
@@ -22,9 +22,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from prunebench.job import prune
+from prunebench.pruning import prune
 from prunebench.models.cache import get_model
-from prunebench.models.export import write_pretrained
+from prunebench.export.folder import write_pretrained
 from prunebench.paths import CONF_DIR
 
 

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                              "from_pretrained loads (export_padded=true); default: each at its own widths")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
-    from prunebench.export import export_folder, export_model
-    from prunebench.job import prune
+    from prunebench.export.logged_model import export_folder, export_model
+    from prunebench.pruning import prune
     from prunebench.models.introspection import count_parameters
     from prunebench.tracking.run_key import is_dense, recovering
     from prunebench.validate import check_export
