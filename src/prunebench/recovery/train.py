@@ -171,12 +171,33 @@ class RecoveryModule(L.LightningModule):
 class StepLog(L.Callback):
     """Per optimizer step: the mean training loss of its micro-batches and the learning rate it ran
     at; per validation during fit: the validation loss. Kept in `history` and logged to the active
-    MLflow run at the step, as `recovery/train_loss`, `recovery/lr`, `recovery/val_loss`."""
+    MLflow run at the step, as `recovery/train_loss`, `recovery/lr`, `recovery/val_loss`.
+
+    A checkpoint holds the history so far and the MLflow run that logged it (`state_dict`). A job
+    restarted after a preemption logs to a new run (the interrupted one ended KILLED), so on resume
+    the history up to the checkpoint is logged again to the new run, at its steps: the run that
+    FINISHED holds the whole curve. Each run names the other (`prunebench.resumed_from` on the new
+    run, `prunebench.resumed_by` on the one it resumed)."""
 
     def __init__(self):
         self.history: list[dict[str, float]] = []
         self.losses: list[float] = []
         self.stepped, self.resumed_at, self.lr = 0, 0, 0.0
+
+    def state_dict(self) -> dict:
+        run = mlflow.active_run()
+        return {"history": self.history, "run_id": run.info.run_id if run is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = list(state["history"])
+        run = mlflow.active_run()
+        if run is None:
+            return
+        for entry in self.history:
+            mlflow.log_metrics({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
+        if state["run_id"] and state["run_id"] != run.info.run_id:
+            mlflow.set_tag("prunebench.resumed_from", state["run_id"])
+            mlflow.MlflowClient().set_tag(state["run_id"], "prunebench.resumed_by", run.info.run_id)
 
     def on_train_start(self, trainer, module) -> None:
         self.stepped = self.resumed_at = trainer.global_step  # a resumed fit starts at its checkpoint's step
