@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -283,7 +284,12 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     module.train()  # Lightning keeps the modes it is given, and a loaded model is in eval mode
     if resume is not None:
         log.info("recovery: resuming from %s", resume)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    with warnings.catch_warnings():
+        # a resumed fit's false alarms: the loader does resume mid-epoch (RecoveryDataModule skips the
+        # micro-batches trained on), and the checkpoint folder holds this run key's own checkpoint
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+        warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     unmerged = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
     if lora and folder is not None:
         model.save_pretrained(folder / ADAPTER)
