@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from hydra.utils import instantiate
+from mlflow.entities import Metric
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
@@ -32,6 +33,7 @@ from prunebench.recovery.data import IGNORED, RecoveryData
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoints/last.ckpt"  # in the recovery folder: the latest, each replacing the one before
+BATCH = 1000  # metric values per MLflow log_batch call, its limit
 
 
 def collate(examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
@@ -194,11 +196,13 @@ class StepLog(L.Callback):
         run = mlflow.active_run()
         if run is None:
             return
-        for entry in self.history:
-            mlflow.log_metrics({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
+        client, now = mlflow.MlflowClient(), int(time.time() * 1000)
+        logged = [Metric(k, v, now, entry["step"]) for entry in self.history for k, v in entry.items() if k != "step"]
+        for start in range(0, len(logged), BATCH):  # a long recovery's thousands of values, not a call each
+            client.log_batch(run.info.run_id, metrics=logged[start:start + BATCH])
         if state["run_id"] and state["run_id"] != run.info.run_id:
-            mlflow.set_tag("prunebench.resumed_from", state["run_id"])
-            mlflow.MlflowClient().set_tag(state["run_id"], "prunebench.resumed_by", run.info.run_id)
+            client.set_tag(run.info.run_id, "prunebench.resumed_from", state["run_id"])
+            client.set_tag(state["run_id"], "prunebench.resumed_by", run.info.run_id)
 
     def on_train_start(self, trainer, module) -> None:
         self.stepped = self.resumed_at = trainer.global_step  # a resumed fit starts at its checkpoint's step
