@@ -1,7 +1,8 @@
 """Sweeps through SLURM for real: a one-node cluster (scripts/slurm_cluster.sh) runs a grid through
 hydra/launcher=submitit_slurm while jobs are cancelled (scancel) and requeued (scontrol requeue)
 under it; the same grid rerun through prunebench_slurm (waiting, as without detach) submits only the
-cells left and leaves every cell FINISHED exactly once and nothing RUNNING."""
+cells left and leaves every cell FINISHED exactly once and nothing RUNNING. A recovery fine-tune
+requeued mid-training resumes from its checkpoint and ends as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Callable
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import MC_FIXTURE
+from conftest import MC_FIXTURE, compose_cfg
 from prunebench.tracking.store import prepare_sqlite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,19 +190,20 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
     assert len(rows) == 1 + CELLS
 
 
+DETACHED_LAUNCH = ["tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_slurm", "detach=true",
+                   "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
 # 8 cells of a few seconds each (2 to cancel, 1 to requeue, 5 that finish): magnitude keys each
 # sparsity once
 DETACHED_CELLS = 8
 DETACHED = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
             "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, DETACHED_CELLS + 1)),
-            "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_slurm", "detach=true",
-            "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
+            "tracking.ensure_dense=false", *DETACHED_LAUNCH]
 ROW = re.compile(r"^\s*(\d+)\s+(done|running|failed|waiting|killed|submitting)\s+(\S+)\s+(.*)$")
 
 
-def submit_detached(env: dict) -> dict[str, str]:
+def submit_detached(env: dict, overrides: list[str] = DETACHED) -> dict[str, str]:
     """The sweep command; it returns once SLURM has the array, naming what a user needs later."""
-    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *DETACHED], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *overrides], env=env, capture_output=True,
                           text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     found = re.search(r"parent run (\w+)\nSLURM job ([\d, ()a-z:]+): (\d+) cell\(s\) submitted, (\d+) answered", proc.stdout)
@@ -256,10 +258,10 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
     release(env, hit["requeued"])
     wait_for_empty_queue(env, hit["requeued"])
     parent = client.get_run(first["parent"])
-    # counted as the blocking path counts: 2 cancelled runs and the requeued task's first attempt KILLED
+    # counted as the blocking path counts: 2 cancelled runs KILLED, the requeued task's first attempt retried
     assert parent.info.status == "FAILED", parent.data.tags
-    assert {k: parent.data.tags[f"prunebench.jobs_{k}"] for k in ("finished", "failed", "killed", "running")} == \
-        {"finished": str(DETACHED_CELLS - 2), "failed": "0", "killed": "3", "running": "0"}
+    assert {k: parent.data.tags[f"prunebench.jobs_{k}"] for k in ("finished", "failed", "killed", "running", "retried")} == \
+        {"finished": str(DETACHED_CELLS - 2), "failed": "0", "killed": "2", "running": "0", "retried": "1"}
     # closed by the job that found itself the last cell to end, not by a status call
     assert parent.data.params["prunebench.closed_by"].startswith("slurm:" + first["job"] + "_")
     sweep_dir = Path(parent.data.tags["hydra.sweep_dir"])
@@ -270,7 +272,8 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
 
     rows, out = status(capsys, "latest", "--uri", store)
     assert Counter(state for state, _, _ in rows.values()) == {"done": DETACHED_CELLS - 2, "killed": 2}, out
-    assert f"closed FAILED ({DETACHED_CELLS - 2} finished, 0 failed, 3 killed, 0 running)" in out and "nothing left" in out
+    assert f"closed FAILED ({DETACHED_CELLS - 2} finished, 0 failed, 2 killed, 0 running, 1 retried)" in out, out
+    assert "nothing left" in out
 
     second = submit_detached(env)  # the same command: only the two cancelled cells are submitted again
     assert (second["submitted"], second["answered"]) == ("2", str(DETACHED_CELLS - 2))
@@ -281,3 +284,75 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
     assert len(rows) == 1 + DETACHED_CELLS  # the report covers the whole grid
     finished = Counter(r.data.tags["prunebench.run_key"] for r in job_runs(store) if r.info.status == "FINISHED")
     assert len(finished) == DETACHED_CELLS and set(finished.values()) == {1}
+
+
+# one cell that fine-tunes for a few dozen tiny steps (2 micro-batches of 2 windows of 32 tokens a step,
+# some 0.05-0.2 s each on the 2-core machine), a checkpoint every 4: SLURM's requeue, sent once the
+# first checkpoint is on disk, lands with most of the training still to run
+RECOVERY_STEPS, CHECKPOINT_EVERY = 36, 4
+RECOVERY = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
+            "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=0.5", "tracking.ensure_dense=false",
+            "recovery=lora", "recovery.data=file", "recovery.seq_len=32", "recovery.batch_size=4",
+            "recovery.micro_batch_size=2", "recovery.val_samples=4", "recovery.warmup_steps=0", "recovery.lr=1e-2",
+            f"recovery.max_steps={RECOVERY_STEPS}", f"recovery.checkpoint_every={CHECKPOINT_EVERY}"]
+RECOVERY_TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
+# what the wall clock, the process and the interruption change; every other number must not move
+UNEQUAL = ("recovery/seconds", "recovery/peak_host_gb", "recovery/peak_accelerator_gb", "recovery/resumed_at")
+
+
+def test_a_recovery_requeued_mid_training_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
+        slurm_env, store, tmp_path, monkeypatch, one_thread):
+    from prunebench.job import run
+    from prunebench.recovery.train import CHECKPOINT
+
+    text = tmp_path / "recovery.txt"
+    text.write_text(RECOVERY_TEXT * 200)
+    cell = [*RECOVERY, f"recovery.path={text}"]
+    cache = tmp_path / "cache"
+    # one torch thread in the job, as in this process (one_thread), for the uninterrupted run below
+    env = {**slurm_env, "MLFLOW_TRACKING_URI": store, "PRUNEBENCH_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    sweep = submit_detached(env, [*cell, *DETACHED_LAUNCH])
+    client = MlflowClient(store)
+    # SLURM's name for the cell (submitit submits a lone cell as a plain job, not an array task)
+    (task,) = [json.loads(v)["slurm"] for k, v in client.get_run(sweep["parent"]).data.tags.items()
+               if k.startswith("prunebench.array.")]
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not any(cache.glob(f"recovery/*/{CHECKPOINT}")):
+        assert queued(env) and time.monotonic() < deadline, "the job ended without writing a recovery checkpoint"
+        time.sleep(0.05)
+    subprocess.run(["scontrol", "requeue", task], env=env, check=True)
+    wait_for_empty_queue(env, [task])
+
+    runs = {r.info.status: r for r in job_runs(store)}
+    assert sorted(runs) == ["FINISHED", "KILLED"], [(r.info.status, r.data.tags.get("prunebench.error")) for r in runs.values()]
+    killed, finished = runs["KILLED"], runs["FINISHED"]
+    assert killed.data.tags["prunebench.worker"] == finished.data.tags["prunebench.worker"] == f"slurm:{task}"
+    assert finished.data.tags["prunebench.attempt"] == "2"
+    resumed_at = finished.data.metrics["recovery/resumed_at"]
+    assert 0 < resumed_at < RECOVERY_STEPS and resumed_at % CHECKPOINT_EVERY == 0, resumed_at
+    assert finished.data.tags["prunebench.resumed_from"] == killed.info.run_id
+    assert killed.data.tags["prunebench.resumed_by"] == finished.info.run_id
+    assert not any((cache / "recovery").iterdir())  # the finished job's folder is gone
+    # the cell's one result: the sweep FINISHED, its interrupted attempt counted as retried, not killed
+    parent = client.get_run(sweep["parent"])
+    assert parent.info.status == "FINISHED", parent.data.tags
+    assert (parent.data.tags["prunebench.jobs_killed"], parent.data.tags["prunebench.jobs_retried"]) == ("0", "1")
+
+    # the same cell uninterrupted, in this process, to its own experiment of the same store
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(cache))
+    whole = run(compose_cfg([*cell, "tracking.experiment=uninterrupted"]))
+    assert whole["recovery/resumed_at"] == 0
+    (whole_run,) = client.search_runs([client.get_experiment_by_name("uninterrupted").experiment_id])
+
+    def curve(run_id: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, "recovery/train_loss")]
+
+    # the FINISHED run holds the whole loss curve: the steps before the checkpoint logged again from it
+    assert [step for step, _ in curve(finished.info.run_id)] == list(range(1, RECOVERY_STEPS + 1))
+    # fp32 on one thread in both processes: the resumed steps repeat the uninterrupted run's operations
+    # on the same checkpointed tensors, batches and dropout draws, so every number agrees to the bit
+    assert curve(finished.info.run_id) == curve(whole_run.info.run_id)
+    compared = [k for k in whole if k.split("/")[0] in ("recovery", "local_mc", "sparsity", "params")
+                and k not in UNEQUAL]
+    assert {k: finished.data.metrics[k] for k in compared} == {k: whole[k] for k in compared}
+    print(f"recovery requeued at step {resumed_at:g}: resumed and FINISHED as attempt 2, as uninterrupted")

@@ -66,8 +66,9 @@ def app(cfg: DictConfig) -> None:
 
 def end_runs_on_sigterm() -> None:
     """SIGTERM (scancel, a requeue, a preemption, a killed make) unwinds like Ctrl-C: the open run
-    ends KILLED at once instead of waiting RUNNING for SIGKILL. A job has nothing to checkpoint: its
-    next attempt starts over, which is why submitit's choice of ignoring SIGTERM is undone here."""
+    ends KILLED at once instead of waiting RUNNING for SIGKILL. Nothing is saved on the way out, which
+    is why submitit's choice of ignoring SIGTERM is undone here: an evaluation's next attempt starts
+    over, and a recovery fine-tune resumes from the checkpoint it wrote last while training."""
     if threading.current_thread() is threading.main_thread():  # the only thread a handler can be set from
         signal.signal(signal.SIGTERM, exit_outside_the_store)
 

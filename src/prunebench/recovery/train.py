@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from hydra.utils import instantiate
+from mlflow.entities import Metric
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
@@ -31,6 +33,7 @@ from prunebench.recovery.data import IGNORED, RecoveryData
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoints/last.ckpt"  # in the recovery folder: the latest, each replacing the one before
+BATCH = 1000  # metric values per MLflow log_batch call, its limit
 
 
 def collate(examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
@@ -171,12 +174,35 @@ class RecoveryModule(L.LightningModule):
 class StepLog(L.Callback):
     """Per optimizer step: the mean training loss of its micro-batches and the learning rate it ran
     at; per validation during fit: the validation loss. Kept in `history` and logged to the active
-    MLflow run at the step, as `recovery/train_loss`, `recovery/lr`, `recovery/val_loss`."""
+    MLflow run at the step, as `recovery/train_loss`, `recovery/lr`, `recovery/val_loss`.
+
+    A checkpoint holds the history so far and the MLflow run that logged it (`state_dict`). A job
+    restarted after a preemption logs to a new run (the interrupted one ended KILLED), so on resume
+    the history up to the checkpoint is logged again to the new run, at its steps: the run that
+    FINISHED holds the whole curve. Each run names the other (`prunebench.resumed_from` on the new
+    run, `prunebench.resumed_by` on the one it resumed)."""
 
     def __init__(self):
         self.history: list[dict[str, float]] = []
         self.losses: list[float] = []
         self.stepped, self.resumed_at, self.lr = 0, 0, 0.0
+
+    def state_dict(self) -> dict:
+        run = mlflow.active_run()
+        return {"history": self.history, "run_id": run.info.run_id if run is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = list(state["history"])
+        run = mlflow.active_run()
+        if run is None:
+            return
+        client, now = mlflow.MlflowClient(), int(time.time() * 1000)
+        logged = [Metric(k, v, now, entry["step"]) for entry in self.history for k, v in entry.items() if k != "step"]
+        for start in range(0, len(logged), BATCH):  # a long recovery's thousands of values, not a call each
+            client.log_batch(run.info.run_id, metrics=logged[start:start + BATCH])
+        if state["run_id"] and state["run_id"] != run.info.run_id:
+            client.set_tag(run.info.run_id, "prunebench.resumed_from", state["run_id"])
+            client.set_tag(state["run_id"], "prunebench.resumed_by", run.info.run_id)
 
     def on_train_start(self, trainer, module) -> None:
         self.stepped = self.resumed_at = trainer.global_step  # a resumed fit starts at its checkpoint's step
@@ -262,7 +288,12 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     module.train()  # Lightning keeps the modes it is given, and a loaded model is in eval mode
     if resume is not None:
         log.info("recovery: resuming from %s", resume)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    with warnings.catch_warnings():
+        # a resumed fit's false alarms: the loader does resume mid-epoch (RecoveryDataModule skips the
+        # micro-batches trained on), and the checkpoint folder holds this run key's own checkpoint
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+        warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     unmerged = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
     if lora and folder is not None:
         model.save_pretrained(folder / ADAPTER)

@@ -56,8 +56,9 @@ def load_runs(experiment: str, sweep_run_id: str | None = None) -> pd.DataFrame:
 
 def failed_jobs(experiment: str, sweep_run_id: str | None, finished: pd.DataFrame) -> pd.DataFrame:
     """The jobs that ended FAILED or KILLED, each with the first line of its error (tag
-    prunebench.error): a sweep's, or for the whole experiment those whose run key has no FINISHED run
-    in `finished` (a later rerun mended them; a job refused by validation has no key and stays)."""
+    prunebench.error), a sweep's or the whole experiment's, less those whose run key has a FINISHED
+    run in `finished`: a later attempt (a requeued job's, a rerun's) mended them. A job refused by
+    validation has no key and stays."""
     filters = ["attributes.status != 'FINISHED'", "attributes.status != 'RUNNING'"]  # no IN for status
     if sweep_run_id:
         filters.append(f"tags.`mlflow.parentRunId` = '{sweep_run_id}'")
@@ -69,7 +70,7 @@ def failed_jobs(experiment: str, sweep_run_id: str | None, finished: pd.DataFram
     def tag(name: str) -> pd.Series:
         return runs.get(f"tags.{name}", pd.Series([None] * len(runs))).fillna("")
     keep = tag("prunebench.sweep") != "true"
-    if not sweep_run_id and not finished.empty:
+    if not finished.empty:
         keep &= ~tag(KEY_TAG).isin(set(finished[f"tags.{KEY_TAG}"]))
     errors = tag("prunebench.error").map(lambda e: e.strip().splitlines()[0] if e.strip() else "(no error recorded)")
     table = pd.DataFrame({"job": tag("mlflow.runName"), "status": runs.status, "overrides": tag("hydra.overrides"),

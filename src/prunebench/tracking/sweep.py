@@ -142,7 +142,9 @@ class SweepRunCallback(Callback):
 
 def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, sweep_dir: Path, stale_s: float) -> None:
     """FINISHED when every child finished; FAILED (documented) when any child failed or was
-    killed, with counts in tags. Then the sweep's report is logged to the parent."""
+    killed, with counts in tags. An attempt that ended FAILED or KILLED (a requeue's, a preemption's)
+    whose run key a later attempt in this sweep FINISHED is counted apart, as `retried`: its cell has
+    its result. Then the sweep's report is logged to the parent."""
     client = MlflowClient(uri)
     children = client.search_runs([client.get_run(run_id).info.experiment_id],
                                   filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=5000)
@@ -150,7 +152,10 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
     ended = {c.info.run_id for c in children if c.info.status == "RUNNING"
              and claim.end_if_gone(client, c, claim.worker_id(), stale_s)}
     statuses = ["KILLED" if c.info.run_id in ended else c.info.status for c in children]
-    counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING")}
+    done = {c.data.tags.get(store.KEY_TAG) for c, status in zip(children, statuses) if status == "FINISHED"}
+    statuses = ["RETRIED" if status in ("FAILED", "KILLED") and c.data.tags.get(store.KEY_TAG) in done else status
+                for c, status in zip(children, statuses)]
+    counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING", "RETRIED")}
     for status, n in counts.items():
         client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
     try:
