@@ -36,7 +36,7 @@ JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURE
 # the libraries a job must have (issue 44): what no job can start faster than
 FLOOR = "import torch, lightning, torchmetrics, mlflow, transformers, hydra"
 PRUNEBENCH = str(Path(sys.executable).parent / "prunebench")
-# what a job logs of its own work (job.prune, job.execute); the rest of its time is overhead
+# what a job logs of its own work (pruning.prune, job.execute); the rest of its time is overhead
 WORK_METRICS = ("time/score_s", "time/apply_s", "time/eval_s")
 
 # each phase: Python run in a fresh interpreter after `setup` (untimed), printing its seconds

@@ -1,4 +1,4 @@
-"""The `generate_until` engine: prompts -> tokens -> batched greedy generation (generate.py) -> the
+"""The `generate_until` engine: prompts -> tokens -> batched greedy generation (greedy.py) -> the
 task's process_results (answer filters, exact match) -> torchmetrics per member task, aggregated
 per group.
 
