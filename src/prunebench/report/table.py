@@ -119,7 +119,8 @@ def results_table(runs: pd.DataFrame) -> pd.DataFrame:
         named = recipe_labels(configs)
         table.insert(len(ID_COLUMNS) + 1, "recovery", [named[c] for c in configs])
     table = table.dropna(axis=1, how="all")
-    return table.sort_values([SETTING, "model", "task", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
+    return table.sort_values([SETTING, "model", "task", "pruner", "sparsity", *(["recovery"] if recovered else [])],
+                             key=dense_first).reset_index(drop=True)
 
 
 def recovery_config(run: pd.Series) -> dict[str, str]:
