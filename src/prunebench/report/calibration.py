@@ -74,7 +74,8 @@ def sections(long: pd.DataFrame, markdown) -> list[str]:
         wide = cell.assign(shown=[printed_cell(r) for _, r in cell.iterrows()]).pivot(
             index="calibration", columns="task", values="shown").reindex(cell.calibration.unique())
         draws = sorted(set(cell.draws))
-        heading = " · ".join(filter(None, [setting, pruner, differs, f"ratio {ratio:g}", tune and f"w/ tune ({tune})"]))
+        heading = " · ".join(filter(None, [setting, pruner, differs, f"ratio {ratio:g}",
+                                           tune and f"w/ tune ({tune})"]))
         out.append(f"### {heading} (draws per row: {', '.join(map(str, draws))})\n\n"
                    f"{markdown(wide.reset_index())}")
     return out

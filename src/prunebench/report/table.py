@@ -23,7 +23,7 @@ DIFFERS = "differs"
 # (job.py), else (a run logged before) the digest of all its inputs
 DATA_TAGS = ("tags.prunebench.calib_data", "tags.prunebench.recovery_data")
 INPUTS_TAG = "tags.prunebench.inputs"
-# set on a recovered run: runs this new name their files in words, so a digest that holds the recovery's file is not needed
+# a recovered run's recipe; runs that new name their data files in words (the digest of all inputs is not needed)
 RECOVERY_TAG = "tags.prunebench.recovery"
 # floats in CSVs: 12 significant digits hold every measurement and drop float64's rounding residue
 # (a standard error of 0.20000000000000004 is written 0.2)
