@@ -17,7 +17,7 @@ from prunebench.report.table import to_markdown
 
 def result(pruner: str, config: dict, seed: int, task: str, value: float, ratio: float = 0.5) -> dict:
     return {"setting": "m · limit=8", "model": "m", "protocol": "lm_eval", "pruner": pruner,
-            "config": json.dumps(config, sort_keys=True), "differs": "", "ratio": ratio,
+            "config": json.dumps(config, sort_keys=True), "differs": "", "ratio": ratio, "recovery": "{}",
             "seed": json.dumps({"seed": str(seed)}), "task": task, "metric": "acc", "value": value}
 
 

@@ -66,6 +66,10 @@ def test_paper_report_files_flips_and_comparisons(grid, tmp_path, capsys):
     assert "\n\n| model | pruner | ratio | local_mc/acc_norm |" in printed, printed
     assert {"paper.md", "paper.csv", "paper.tex", "flips.csv", "comparisons.csv", "paper.png",
             "results.md"} <= {p.name for p in out.iterdir()}
+    # no run recovered: no tune column, no verdicts against an unrecovered run, no recovery plot
+    assert not {"verdicts_tune.csv", "recovery_loss.png"} & {p.name for p in out.iterdir()}
+    assert not {"tune", "recovery", "vs untuned"} & set(pd.read_csv(out / "paper.csv").columns)
+    assert "Recovery" not in (out / "results.md").read_text()
     tex = (out / "paper.tex").read_text()
     assert "\\toprule" in tex and "\\bottomrule" in tex and "$\\pm$" in tex and "heads\\_random" in tex
     flips = pd.read_csv(out / "flips.csv")
@@ -172,3 +176,92 @@ def test_two_sweeps_of_other_models_and_limits_never_share_a_table_or_a_panel(st
         assert ax.get_title().split("\n")[0] == f"({number}) {heading.split(' · ')[0]} · local_mc"
         assert f"({number}) {heading.split(' · ')[2]} · data=" in caption.get_text()
         assert ax.get_legend_handles_labels()[1].count("dense") == 1
+
+
+@pytest.fixture
+def tuned(store, tmp_path, one_thread):
+    """Three sweeps as `recovery=none,lora` grids make them: magnitude at 0.5 w/o tune (and the dense
+    run), the same w/ tune (a 2-step LoRA on a text file, validated each step), and 0.3 w/ tune
+    alone, which has no counterpart w/o tune. Returns the parents' run ids."""
+    from test_recovery import TEXT, recovery_overrides
+
+    text = tmp_path / "recovery.txt"
+    text.write_text(TEXT * 60)
+    lora = recovery_overrides(text, "recovery.max_steps=2", "recovery.val_every=1")
+    parents = {}
+    for name, overrides in (("none", ["sparsity=0.5"]), ("lora", ["sparsity=0.5", *lora]),
+                            ("lora_0.3", ["sparsity=0.3", *lora])):
+        parents[name] = sweep_parent(store)
+        run(compose_cfg([*TINY_MC, *overrides]), overrides, parents[name])
+    mlflow.set_tracking_uri(store)
+    return parents
+
+
+def test_recovered_rows_stand_beside_their_unrecovered_rows_with_a_verdict_against_them(tuned, tmp_path):
+    from prunebench.report import plots
+    from prunebench.report.build import recovery_curves
+
+    out = tmp_path / "rep"
+    assert report_main(["--all", "--out", str(out), "--layout", "paper"]) == 0
+    paper = pd.read_csv(out / "paper.csv", keep_default_na=False)
+    # LLM-Pruner's Table 1: under each pruner and ratio the row w/o tune, then w/ tune; dense stands alone
+    assert list(zip(paper.label, paper.ratio, paper.tune)) == [("none", 0.0, ""), ("magnitude", 0.3, "w/ tune (lora)"),
+                                                               ("magnitude", 0.5, "w/o tune"),
+                                                               ("magnitude", 0.5, "w/ tune (lora)")]
+    assert (paper.differs == "").all()  # the recovery's params and data are the tune column, not a difference
+    flat = pd.read_csv(out / "results.csv", keep_default_na=False)  # the flat table: the recipe, a line of its own
+    assert list(zip(flat.sparsity, flat.recovery)) == [(0.0, ""), (0.3, "lora"), (0.5, ""), (0.5, "lora")]
+    assert "differs" not in flat
+    runs = load_runs("prunebench")
+    tuned_run = runs[(runs["tags.prunebench.recovery"] == "lora") & (runs["tags.prunebench.sparsity"] == "0.5")].iloc[0]
+    plain = runs[runs["tags.prunebench.recovery"].isna() & (runs["tags.prunebench.sparsity"] == "0.5")].iloc[0]
+    # against its counterpart w/o tune, paired on the same documents; the 0.3 row has none, and is
+    # never paired with the 0.5 run w/o tune
+    (judged,) = pd.read_csv(out / "verdicts_tune.csv").itertuples()
+    before, after = correct(plain.run_id), correct(tuned_run.run_id)
+    assert (judged.ratio, judged.tune, judged.docs) == (0.5, "w/ tune (lora)", len(before))
+    # the paired difference in points, from the same per-document values
+    assert judged.diff == pytest.approx(100 * sum(after[d] - before[d] for d in before) / len(before))
+    assert judged.reference == pytest.approx(100 * plain["metrics.local_mc/acc_norm"])
+    assert list(paper["vs untuned"]) == ["", "", "", judged.verdict]
+    assert list(paper.verdict[1:]) != [""] * 3  # each pruned row keeps its verdict against dense
+    text = (out / "paper.md").read_text()
+    assert "| model | pruner | ratio | tune | local_mc/acc_norm |" in text
+    assert "## Verdicts against the unrecovered run (w/ tune against w/o tune on the same documents; " \
+           "tolerance 1 points; p adjusted by Holm across the 1 comparisons)" in text
+    # the sweep's recovery losses: one line per recovered run, its logged history
+    assert "![recovery loss per step](recovery_loss.png)" in (out / "results.md").read_text()
+    assert (out / "recovery_loss.png").stat().st_size > 0
+    fig = plots.recovery_loss(recovery_curves(runs))
+    client = mlflow.MlflowClient()
+    for ax, metric in zip(fig.axes, plots.RECOVERY_LOSSES, strict=True):
+        drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+        assert set(drawn) == {"magnitude 0.3 lora", "magnitude 0.5 lora"}
+        for _, run_ in runs[runs["tags.prunebench.recovery"] == "lora"].iterrows():
+            history = client.get_metric_history(run_.run_id, metric)
+            label = f"magnitude {float(run_['tags.prunebench.sparsity']):g} lora"
+            assert drawn[label] == ([1, 2], [m.value for m in sorted(history, key=lambda m: m.step)])
+
+
+def test_compare_takes_a_recovered_run_or_sweep_with_its_unrecovered_counterpart(tuned, capsys):
+    from prunebench.report.compare import main as compare_main
+
+    def job(parent: str, sparsity: str) -> str:
+        runs = load_runs("prunebench", parent)
+        return runs[runs["tags.prunebench.sparsity"] == sparsity].run_id.iloc[0]
+
+    # 2 steps of a random model at lr 1e-4 move 5 documents' answers little or not at all: not "kept"
+    assert compare_main([job(tuned["none"], "0.5"), job(tuned["lora"], "0.5")]) in (1, 2)
+    out = capsys.readouterr().out
+    assert "\nrecovery: A: w/o tune; B: w/ tune (lora) (one pruned model w/o and w/ tune)\n" in out
+    assert compare_main([job(tuned["none"], "0.5"), job(tuned["lora_0.3"], "0.3")]) in (1, 2)
+    assert "B: w/ tune (lora) (they differ in more than the recovery)" in capsys.readouterr().out
+    # two sweeps: the pruned runs paired across the recovery, the dense run with itself
+    assert compare_main([tuned["none"], tuned["lora"]]) in (1, 2)
+    out = capsys.readouterr().out
+    assert "\nrecovery: A: w/o tune; B: w/ tune (lora)\n" in out
+    assert "| tiny-llama | magnitude | 0.5 | local_mc |" in out and "| tiny-llama | none | 0 | local_mc |" in out
+    # a sweep that differs in its ratio too shares only the dense run with it: no pruned pair
+    assert compare_main([tuned["none"], tuned["lora_0.3"]]) in (0, 1, 2)
+    out = capsys.readouterr().out
+    assert "| magnitude |" not in out and "| tiny-llama | none | 0 | local_mc |" in out

@@ -12,6 +12,7 @@ import pandas as pd
 from prunebench.report import plots
 from prunebench.report.front import speed_front_section
 from prunebench.report.predictions import chance_levels
+from prunebench.report.settings import settings
 from prunebench.report.suites import suite_tables
 from prunebench.report.table import (CSV_FLOATS, SETTING, documents, failed_jobs, load_runs, results_table,
                                      shown_columns, task_columns, to_markdown, withheld_note)
@@ -49,6 +50,10 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
     if "stability/avg" not in table:
         sections.append(no_stability(runs))
     front_md, front = speed_front_section(table)
+    curves = recovery_curves(runs)
+    if curves:
+        sections.append(f"## Recovery fine-tuning\n\n{len(curves)} recovered runs: training loss per optimizer step, "
+                        "validation loss where logged\n\n![recovery loss per step](recovery_loss.png)")
     sections += [front_md, *failures] if front_md else failures
     (out / "results.md").write_text("\n\n".join(sections) + "\n")
     table.to_csv(out / "results.csv", index=False, float_format=CSV_FLOATS)
@@ -68,6 +73,8 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
         figures["stability_vs_sparsity.png"] = plots.stability_vs_sparsity(table, levels)
     if front is not None:
         figures["speed_front.png"] = front
+    if curves:
+        figures["recovery_loss.png"] = plots.recovery_loss(curves)
     if any(column.startswith(plots.LAYER_SPARSITY) for column in runs.columns):  # OWL's per-layer sparsities
         figures["layer_sparsity.png"] = plots.layer_sparsity(runs)
     for name, fig in figures.items():
@@ -78,6 +85,23 @@ def write_report(experiment: str, sweep_run_id: str | None, out: Path, suites: l
 
         write_paper(runs, out, max_drop, correction)
     return out
+
+
+def recovery_curves(runs: pd.DataFrame) -> list[tuple[str, str, dict[str, list[tuple[int, float]]]]]:
+    """(setting, `pruner ratio recipe`, {metric: [(step, value)]}) per recovered run (tag
+    prunebench.recovery), from its metric history: the losses the recovery logged per step."""
+    if "tags.prunebench.recovery" not in runs:
+        return []
+    client, curves = mlflow.MlflowClient(), []
+    for (_, run), heading in zip(runs.iterrows(), settings(runs)):
+        if not isinstance(run["tags.prunebench.recovery"], str):
+            continue
+        label = " ".join([run["tags.prunebench.pruner"], f"{float(run['tags.prunebench.sparsity']):g}",
+                          run["tags.prunebench.recovery"]])
+        history = {name: [(m.step, m.value) for m in client.get_metric_history(run.run_id, name)]
+                   for name in plots.RECOVERY_LOSSES}
+        curves.append((heading, label, history))
+    return sorted(curves, key=lambda c: c[:2])
 
 
 def setting_section(heading: str, rows) -> str:

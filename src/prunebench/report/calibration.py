@@ -14,8 +14,9 @@ from scipy.stats import t as student_t
 from prunebench.report.table import DIFFERS, SETTING
 
 LEVEL = 0.95
-# one cell of a sensitivity table: a pruner at a ratio in one setting, its calibration varying
-CELL_KEYS = [SETTING, "model", "protocol", "pruner", DIFFERS, "ratio"]
+# one cell of a sensitivity table: a pruner at a ratio in one setting (and recovery: runs recovered
+# and not are never draws of one cell), its calibration varying
+CELL_KEYS = [SETTING, "model", "protocol", "pruner", DIFFERS, "ratio", "recovery"]
 
 
 def over_draws(values: pd.Series) -> dict[str, float]:
@@ -68,11 +69,13 @@ def sections(long: pd.DataFrame, markdown) -> list[str]:
     over draws]` with the draws counted in the heading."""
     out = []
     for key, cell in long.groupby(CELL_KEYS, sort=True):
-        setting, model, _, pruner, differs, ratio = key
+        setting, model, _, pruner, differs, ratio, recovery = key
+        tune = json.loads(recovery).get("recovery.name")
         wide = cell.assign(shown=[printed_cell(r) for _, r in cell.iterrows()]).pivot(
             index="calibration", columns="task", values="shown").reindex(cell.calibration.unique())
         draws = sorted(set(cell.draws))
-        heading = " · ".join(filter(None, [setting, pruner, differs, f"ratio {ratio:g}"]))
+        heading = " · ".join(filter(None, [setting, pruner, differs, f"ratio {ratio:g}",
+                                           tune and f"w/ tune ({tune})"]))
         out.append(f"### {heading} (draws per row: {', '.join(map(str, draws))})\n\n"
                    f"{markdown(wide.reset_index())}")
     return out

@@ -2,7 +2,9 @@
 gate on. A task is compared only where both runs read the same data (the digests of its dataset
 inputs, or the hub for both), its documents paired by id; another limit pairs the shared ones, said. A and B are each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
 Two runs: every task both evaluated. Two sweeps: runs paired by model, pruner, its config, ratio,
-task and seed. Exit code: 0 every comparison kept, 1 any lost, 2 inconclusive only; 3 a run or
+task, seed and recovery; a sweep whose pruned runs were all recovered by one recipe pairs with one
+whose pruned runs were all unrecovered (or recovered by another), w/ tune against w/o tune, the
+recovery's own seed aside; the output says which side was recovered. Exit code: 0 every comparison kept, 1 any lost, 2 inconclusive only; 3 a run or
 sweep that does not exist or nothing to compare (nothing printed but the error); 64 a usage error."""
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 
 from prunebench.report.build import latest_sweep
-from prunebench.report.paper import labels, scale, task_results
+from prunebench.report.paper import ROW_KEYS, labels, scale, task_results, tunes, without_recovery_seed
 from prunebench.report.predictions import Predictions, task_data
-from prunebench.report.table import load_runs, to_markdown
+from prunebench.report.table import UNRECOVERED, load_runs, to_markdown
 from prunebench.report.verdicts import CORRECTIONS, compare, exit_code, paired, with_adjusted
 from prunebench.tracking.store import missing_store, tracking_uri
 
@@ -55,14 +57,48 @@ def resolve(spec: str, experiment: str) -> tuple[pd.DataFrame, bool]:
     return mlflow.search_runs(experiment_ids=[run.info.experiment_id], filter_string=f"attributes.run_id = '{spec}'"), False
 
 
+def pruned_recoveries(results: pd.DataFrame) -> set[str]:
+    """The recovery configs of a side's pruned runs (its dense run, reused by every sweep, has none)."""
+    return set(results.recovery[results.pruner != "none"])
+
+
+def recovery_note(first: pd.DataFrame, second: pd.DataFrame, sweeps: bool) -> str:
+    """Which side was recovered, by which recipe, when either was ('' when neither); for two runs,
+    whether B is A's counterpart (the same setting, pruner config, ratio and seeds, the recovery
+    aside) or they differ in more."""
+    named = tunes(pd.concat([first, second]))
+    recoveries = [pruned_recoveries(side) for side in (first, second)]
+    if recoveries[0] | recoveries[1] <= {UNRECOVERED}:
+        return ""
+    said = [", ".join(sorted(named[r] for r in side)) or "dense" for side in recoveries]
+    note = f"A: {said[0]}; B: {said[1]}"
+    if not sweeps and recoveries[0] != recoveries[1]:
+        keys = [k for k in ROW_KEYS if k != "recovery"]
+        rows = [side[keys].assign(seed=side.seed.map(without_recovery_seed)).drop_duplicates().reset_index(drop=True)
+                for side in (first, second)]
+        note += (" (one pruned model w/o and w/ tune)" if rows[0].equals(rows[1])
+                 else " (they differ in more than the recovery)")
+    return note
+
+
 def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float, correction: str,
-                notes: list[str]) -> pd.DataFrame:
-    """B against A per paired task; `notes` gains what was not compared, or paired only in part."""
+                notes: list[str]) -> tuple[pd.DataFrame, str]:
+    """B against A per paired task; `notes` gains what was not compared, or paired only in part.
+    Returns the table and `recovery_note`."""
     first, second = task_results(a), task_results(b)
-    keys = PAIR_KEYS if sweeps else ["task"]
+    said = recovery_note(first, second, sweeps)
+    keys = [*PAIR_KEYS, "recovery"] if sweeps else ["task"]
+    recoveries = [pruned_recoveries(side) for side in (first, second)]
+    # the rows say their recovery where the sides hold several (the note says it where each holds one)
+    tuned = tunes(pd.concat([first, second])) if sweeps and said else {}
+    if sweeps and len(recoveries[0]) == len(recoveries[1]) == 1 and recoveries[0] != recoveries[1]:
+        tuned = {}
+        # one recipe a side and not the same: w/ tune against w/o tune (or recipe against recipe), the
+        # recovery's seed aside; everything else must still match
+        first, second = (side.assign(recovery="", seed=side.seed.map(without_recovery_seed)) for side in (first, second))
     pairs = first.merge(second, on=[*keys, "metric"], suffixes=("_a", "_b"))
     if pairs.empty:
-        raise NotFound("the two sides share no " + ("job (model, pruner, config, ratio, task, seed)" if sweeps
+        raise NotFound("the two sides share no " + ("job (model, pruner, config, ratio, task, seed, recovery)" if sweeps
                                                     else "task with the same metric"))
     named = labels(pd.concat([first, second]))
     predictions, rows = Predictions(), []
@@ -81,13 +117,14 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
         if len(ref) < max(len(docs[0][1]), len(docs[1][1])):  # another limit: only the shared documents
             notes.append(f"{r.task}: A evaluated {len(docs[0][1])} documents and B {len(docs[1][1])}; "
                          f"the {len(ref)} both evaluated are paired")
-        row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio} if sweeps else {}
+        row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
+               **({"tune": tuned[r.recovery]} if tuned else {})} if sweeps else {}
         rows.append({**row, "task": r.task, "metric": docs[0][0],
                      **compare(ref, new, scale(pd.Series(ref + new)), max_drop)})
     if not rows:
         raise NotFound("; ".join(notes) if notes else
                        "no paired task has per-document values (perplexity and corpus metrics such as MCC have none)")
-    return with_adjusted(rows, correction)
+    return with_adjusted(rows, correction), said
 
 
 def check_max_drop(parser: argparse.ArgumentParser, max_drop: float) -> None:
@@ -128,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             raise NotFound(f"{args.a if sweep_a else args.b} is a sweep and {args.b if sweep_a else args.a} a single run: "
                            "compare two runs or two sweeps")
         notes: list[str] = []
-        table = comparisons(a, b, sweep_a, args.max_drop, args.correction, notes)
+        table, recovered = comparisons(a, b, sweep_a, args.max_drop, args.correction, notes)
     except NotFound as err:
         print(f"prunebench-compare: {err}", file=sys.stderr)
         return NOT_FOUND
@@ -136,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-compare: {note}", file=sys.stderr)
     name = "Holm" if args.correction == "holm" else "Benjamini-Hochberg"
     print(f"B ({args.b}) against A ({args.a}): points, 95% intervals, p adjusted by {name} across "
-          f"{len(table)} comparisons, tolerance {args.max_drop:g} points\n")
+          f"{len(table)} comparisons, tolerance {args.max_drop:g} points" + (f"\nrecovery: {recovered}" if recovered else "")
+          + "\n")
     print(to_markdown(table))
     code = exit_code(table.verdict.tolist())
     counts = table.verdict.value_counts().to_dict()

@@ -12,7 +12,11 @@ checkpoint per GLUE task) fill one row together, as in the suite tables.
 Against the same model's dense run, per task and pruned run: how many documents flipped (right ->
 wrong, wrong -> right) and the exact McNemar test on those discordant pairs; and between two rows at
 the same ratio, the same test on their paired documents, so "HIES beats HIS at 30%" has a p-value.
-Both read the per-document `predictions/<task>.jsonl` artifacts the jobs log."""
+Both read the per-document `predictions/<task>.jsonl` artifacts the jobs log.
+
+Runs that differ only in a recovery fine-tune (`recovery=`, docs/recovery.md) are rows of their own,
+"w/o tune" and "w/ tune (<recipe>)" under each pruner and ratio, LLM-Pruner's Table 1 shape; each
+recovered row is judged against its unrecovered counterpart too, paired on the same documents."""
 
 from __future__ import annotations
 
@@ -31,17 +35,20 @@ from prunebench.report.plots import grid, panel, single_ratio
 from prunebench.report.predictions import Predictions, chance_levels
 from prunebench.report.settings import SETTING_KEYS, settings
 from prunebench.report.suites import POOLED
-from prunebench.report.table import (CSV_FLOATS, DIFFERS, SETTING, dense_first, differences, documents,
-                                     results_table, to_markdown, withheld_note)
+from prunebench.report.table import (CSV_FLOATS, DIFFERS, RECOVERY_PREFIXES, SETTING, UNRECOVERED, dense_first,
+                                     differences, documents, recipe_labels, recovery_config, results_table,
+                                     to_markdown, withheld_note)
 from prunebench.report.verdicts import COLUMNS, compare, mcnemar, overall, paired, with_adjusted
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "recovery.seed", "pruner.sequence")
 # a row never joins runs of two settings (report/settings.py), nor runs differing in anything else
-# but the seed (`differs`: a template, say)
-ROW_KEYS = [SETTING, "model", "protocol", "pruner", "config", DIFFERS, "ratio"]
-# what the pruner's config (the row's label) and the seeds already account for
-CONFIG_PREFIXES = (*SEED_KEYS, "pruner.", "calib.")
+# but the seed (`differs`: a template, say); `recovery`: the recovery's config, "{}" without one
+ROW_KEYS = [SETTING, "model", "protocol", "pruner", "config", DIFFERS, "ratio", "recovery"]
+# what the pruner's config (the row's label), the recovery's config and the seeds already account for
+CONFIG_PREFIXES = (*SEED_KEYS, "pruner.", "calib.", *RECOVERY_PREFIXES)
+# the paper table's column of a recovered row's verdict against its unrecovered counterpart
+VS_UNTUNED = "vs untuned"
 
 
 def pruner_config(run: pd.Series) -> dict[str, str]:
@@ -58,6 +65,11 @@ def pruner_config(run: pd.Series) -> dict[str, str]:
             and (calibrated or not k.startswith("calib."))}
 
 
+def without_recovery_seed(seed: str) -> str:
+    """A row's seeds less the recovery's: what a recovered run shares with its unrecovered counterpart."""
+    return json.dumps({k: v for k, v in json.loads(seed).items() if k != "recovery.seed"})
+
+
 def task_results(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run and task: the row's key, the seed, the task's primary metric, its value,
     standard error and stability."""
@@ -68,6 +80,7 @@ def task_results(runs: pd.DataFrame) -> pd.DataFrame:
     for (_, run), heading, pooled, differs in keyed:
         dense = run["tags.prunebench.pruner"] == "none"
         config = {} if dense else pruner_config(run)
+        recovery = json.dumps(recovery_config(run))
         protocol = run.get("tags.prunebench.protocol")
         seed = {k: run.get(f"params.{k}") for k in SEED_KEYS if isinstance(run.get(f"params.{k}"), str)}
         # the tasks avg/score averaged (a perplexity beside accuracies is not); no tag: all of them
@@ -77,7 +90,8 @@ def task_results(runs: pd.DataFrame) -> pd.DataFrame:
             rows.append({SETTING: heading, "pooled": pooled, "model": run["tags.prunebench.model"],
                          "protocol": protocol if isinstance(protocol, str) and protocol else "lm_eval",
                          "pruner": run["tags.prunebench.pruner"], "config": json.dumps(config), DIFFERS: differs,
-                         "ratio": float(run["tags.prunebench.sparsity"]), "seed": json.dumps(seed),
+                         "ratio": float(run["tags.prunebench.sparsity"]), "recovery": recovery,
+                         "seed": json.dumps(seed),
                          "task": task, "metric": metric, "value": run.get(f"metrics.{column}"),
                          "stderr": run.get(f"metrics.{column}_stderr"),
                          "stability": run.get(f"metrics.stability/{task}"),
@@ -107,6 +121,26 @@ def labels(results: pd.DataFrame) -> dict[tuple[str, str], str]:
                               for k in varying)
             out[pruner, json.dumps(config)] = pruner + (f" ({shown})" if shown else "")
     return out
+
+
+def tunes(results: pd.DataFrame) -> dict[str, str]:
+    """{recovery config: label}: "w/o tune", "w/ tune (<recipe>)", with the parameters that tell two
+    configs of one recipe apart."""
+    return {config: f"w/ tune ({label})" if label else "w/o tune"
+            for config, label in recipe_labels(results.recovery.unique()).items()}
+
+
+def recovered(results: pd.DataFrame) -> bool:
+    """Whether any run of the report had a recovery fine-tune (else its tables are as before the recovery existed)."""
+    return bool((results.recovery != UNRECOVERED).any())
+
+
+def with_tune(table: pd.DataFrame, results: pd.DataFrame, at: str) -> pd.DataFrame:
+    """`table` (with its runs' `recovery` column) with a `tune` column after `at` when any run
+    recovered; the `recovery` column dropped."""
+    if recovered(results):
+        table.insert(table.columns.get_loc(at) + 1, "tune", table.recovery.map(tunes(results)))
+    return table.drop(columns="recovery")
 
 
 def paper_table(results: pd.DataFrame) -> pd.DataFrame:
@@ -139,8 +173,14 @@ def setting_table(results: pd.DataFrame) -> pd.DataFrame:
                     "tasks": f"{len(means)}/{len(averaged)}"})
         table.append(row)
     table = pd.DataFrame(table)
-    table = table.sort_values(["model", "protocol", "pruner", "label", DIFFERS, "ratio"], key=dense_first)
+    # LLM-Pruner's Table 1: under each pruner and ratio "w/o tune" first, then each recipe's "w/ tune"
+    table = table.sort_values(["model", "protocol", "pruner", "label", DIFFERS, "ratio", "recovery"], key=untuned_first)
     return table.reset_index(drop=True)
+
+
+def untuned_first(col: pd.Series) -> pd.Series:
+    """A sort key: the dense run first (`dense_first`), and under each pruner and ratio the row w/o tune."""
+    return col.map(lambda v: "" if v == UNRECOVERED else v) if col.name == "recovery" else dense_first(col)
 
 
 def task_columns(table: pd.DataFrame) -> list[str]:
@@ -160,6 +200,8 @@ def printed(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"model": table.model, "pruner": table.label, "ratio": table.ratio})
     if (table[DIFFERS] != "").any():
         out.insert(2, DIFFERS, table[DIFFERS])
+    if "tune" in table:
+        out["tune"] = table.tune
     for column in [c for c in task_columns(table) if table[c].notna().any()]:
         task = column.split("/")[0]
         factor = scale(table[column])
@@ -172,6 +214,8 @@ def printed(table: pd.DataFrame) -> pd.DataFrame:
         out["tasks"] = table.tasks
     if "verdict" in table:
         out["verdict"] = table.verdict
+    if VS_UNTUNED in table:
+        out[VS_UNTUNED] = table[VS_UNTUNED]
     return out
 
 
@@ -216,12 +260,13 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
     for r, metric, ref, new in dense_pairs(results, predictions):
         lost, gained, p = mcnemar(ref, new)
         rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
-                     "seed": r.seed,
+                     "recovery": r.recovery, "seed": r.seed,
                      "task": r.task, "metric": metric, "docs": len(ref), "dense": sum(ref) / len(ref),
                      "pruned": sum(new) / len(new), "right->wrong": lost, "wrong->right": gained, "p": p})
-    table = pd.DataFrame(rows, columns=[SETTING, "model", "pruner", "ratio", "seed", "task", "metric", "docs",
-                                        "dense", "pruned", "right->wrong", "wrong->right", "p"])
-    return table.sort_values([SETTING, "model", "pruner", "ratio", "task", "seed"]).reset_index(drop=True)
+    table = pd.DataFrame(rows, columns=[SETTING, "model", "pruner", "ratio", "recovery", "seed", "task", "metric",
+                                        "docs", "dense", "pruned", "right->wrong", "wrong->right", "p"])
+    table = table.sort_values([SETTING, "model", "pruner", "ratio", "recovery", "task", "seed"], key=untuned_first)
+    return with_tune(table, results, "ratio").reset_index(drop=True)
 
 
 def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
@@ -230,13 +275,15 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
     named = labels(results)
     rows = []
     pruned = results[results.pruner != "none"]
+    tuned = tunes(results) if recovered(results) else {}
     for (setting, model, ratio, task), group in pruned.groupby([SETTING, "model", "ratio", "task"]):
-        configs = sorted(dict.fromkeys(zip(group.pruner, group.config, group[DIFFERS])),
-                         key=lambda c: (named[c[:2]], c[2]))
+        configs = sorted(dict.fromkeys(zip(group.pruner, group.config, group[DIFFERS], group.recovery)),
+                         key=lambda c: (named[c[:2]], c[2], c[3] != UNRECOVERED, c[3]))
         for first, second in itertools.combinations(configs, 2):
             docs = {}
-            for side, (pruner, config, differs) in (("a", first), ("b", second)):
-                runs = group[(group.pruner == pruner) & (group.config == config) & (group[DIFFERS] == differs)]
+            for side, (pruner, config, differs, recovery) in (("a", first), ("b", second)):
+                runs = group[(group.pruner == pruner) & (group.config == config) & (group[DIFFERS] == differs)
+                             & (group.recovery == recovery)]
                 runs = runs.sort_values("seed")
                 docs[side] = [predictions.correct(run_id, task, metric)
                               for run_id, metric in zip(runs.run_id, runs.metric)]
@@ -249,8 +296,9 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
                 b += ys
             only_a, only_b, p = mcnemar(a, b)
             rows.append({SETTING: setting, "model": model, "ratio": ratio, "task": task, "metric": docs["a"][0][0],
-                         "a": " ".join(filter(None, [named[first[:2]], first[2]])),
-                         "b": " ".join(filter(None, [named[second[:2]], second[2]])), "pairs": len(a),
+                         "a": " ".join(filter(None, [named[first[:2]], first[2], tuned.get(first[3])])),
+                         "b": " ".join(filter(None, [named[second[:2]], second[2], tuned.get(second[3])])),
+                         "pairs": len(a),
                          "a correct": sum(a) / len(a),
                          "b correct": sum(b) / len(b), "only a right": only_a, "only b right": only_b, "p": p})
     table = pd.DataFrame(rows, columns=[SETTING, "model", "ratio", "task", "metric", "a", "b", "pairs", "a correct",
@@ -258,18 +306,50 @@ def comparisons(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame
     return table.sort_values([SETTING, "model", "ratio", "task", "a", "b"]).reset_index(drop=True)
 
 
-def dense_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: float = 1.0,
-                   correction: str = "holm") -> pd.DataFrame:
-    """Every pruned run x task of a `task_results` against the dense run of its setting
-    (report/verdicts.py); tasks without per-document values are left out, as from the flips."""
+def untuned_pairs(results: pd.DataFrame, predictions: Predictions):
+    """As `dense_pairs`, per recovered run and task against its unrecovered counterpart: the run of
+    the same setting, model, protocol, pruner config, `differs`, ratio, task and seeds (the
+    recovery's own seed aside) without a recovery, documents paired by id. A recovered run without
+    such a counterpart yields nothing: runs that differ in anything but the recovery are never paired."""
+    keys = [*(k for k in ROW_KEYS if k != "recovery"), "task", "base_seed"]
+    results = results.assign(base_seed=results.seed.map(without_recovery_seed))
+    untuned = results[results.recovery == UNRECOVERED]
+    for _, r in results[results.recovery != UNRECOVERED].iterrows():
+        base = untuned[(untuned[keys] == r[keys]).all(axis=1)]
+        if base.empty:
+            continue
+        tuned = predictions.correct(r.run_id, r.task, r.metric)
+        reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
+        if tuned is None or reference is None:
+            continue
+        yield (r, tuned[0], *paired(reference[1], tuned[1]))
+
+
+def verdicts(results: pd.DataFrame, pairs, max_drop: float = 1.0, correction: str = "holm") -> pd.DataFrame:
+    """A verdict per (row, metric, reference values, candidate values) of `pairs` (report/verdicts.py),
+    p adjusted across them; tasks without per-document values are left out, as from the flips."""
     named = labels(results)
     rows = [{SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
-             "seed": r.seed, "task": r.task, "metric": metric,
+             "recovery": r.recovery, "seed": r.seed, "task": r.task, "metric": metric,
              **compare(ref, new, scale(pd.Series(ref + new)), max_drop), "run_id": r.run_id}
-            for r, metric, ref, new in dense_pairs(results, predictions)]
+            for r, metric, ref, new in pairs]
     table = with_adjusted(rows, correction)
-    return table if not table.empty else pd.DataFrame(columns=[SETTING, "model", "pruner", "ratio", "seed", *COLUMNS,
-                                                                "run_id"])
+    if table.empty:
+        table = pd.DataFrame(columns=[SETTING, "model", "pruner", "ratio", "recovery", "seed", *COLUMNS, "run_id"])
+    return with_tune(table, results, "ratio")
+
+
+def dense_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: float = 1.0,
+                   correction: str = "holm") -> pd.DataFrame:
+    """Every pruned run x task of a `task_results` against the dense run of its setting."""
+    return verdicts(results, dense_pairs(results, predictions), max_drop, correction)
+
+
+def untuned_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: float = 1.0,
+                     correction: str = "holm") -> pd.DataFrame:
+    """Every recovered run x task against its unrecovered counterpart (`untuned_pairs`): `kept`, the
+    recovery lost no more than max_drop points; `lost`, it cost more; the gain is `diff` and its interval."""
+    return verdicts(results, untuned_pairs(results, predictions), max_drop, correction)
 
 
 def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
@@ -282,32 +362,52 @@ def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
     for (heading, rows, columns), row in zip(sections, axes):
         for ax, column in zip(row, columns):
             task = column.split("/")[0]
+            # a recovered row is a line of its own, named by its tune ("tune": where any run recovered)
+            keys = ["label", DIFFERS, *(["tune"] if "tune" in rows else [])]
             lines = [(" ".join(filter(None, key)), points.ratio.tolist(), points[column].tolist(),
                       points[f"{task}/stderr"].fillna(0).tolist())
                      for key, points in ((key, group.dropna(subset=[column]).sort_values("ratio"))
-                                         for key, group in rows[rows.pruner != "none"].groupby(["label", DIFFERS]))]
+                                         for key, group in rows[rows.pruner != "none"].groupby(keys))]
             dense = rows[rows.pruner == "none"][column].dropna().tolist()
             panel(ax, lines, dense, levels.get((heading, task)), "ratio", column.split("/")[-1],
                   single_ratio(rows.ratio[rows.pruner != "none"]))
     return fig
 
 
+def row_verdicts(table: pd.DataFrame, results: pd.DataFrame, judged: pd.DataFrame) -> list[str]:
+    """Each row's verdict over its runs' tasks (`overall`), from the per-run verdicts `judged`."""
+    by_run = judged.groupby("run_id").verdict.apply(list).to_dict()
+    runs_of = results.groupby(ROW_KEYS, sort=False).run_id.apply(lambda ids: list(dict.fromkeys(ids))).to_dict()
+    return [overall([v for run in runs_of[tuple(row[k] for k in ROW_KEYS)] for v in by_run.get(run, [])])
+            for _, row in table.iterrows()]
+
+
 def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction: str = "holm") -> list[str]:
     """paper.{md,csv,tex}, flips.{md,csv}, comparisons.{md,csv}, verdicts.csv, calibration.csv (a sweep
-    over calibration draws, sources or sizes: report/calibration.py), paper.png; returns the
-    Markdown sections: one table per setting, headed by it and by how many documents each task rests
-    on, each row with its verdict against the dense run (report/verdicts.py)."""
+    over calibration draws, sources or sizes: report/calibration.py), paper.png, and where runs
+    recovered, verdicts_tune.csv (each recovered run against its unrecovered counterpart); returns
+    the Markdown sections: one table per setting, headed by it and by how many documents each task
+    rests on, each row with its verdict against the dense run (report/verdicts.py) and, recovered,
+    against the same row w/o tune."""
     results = task_results(runs)
     table = paper_table(results)
+    tuned = recovered(results)
     predictions = Predictions()
     flipped, compared = flips(results, predictions), comparisons(results, predictions)
     judged = dense_verdicts(results, predictions, max_drop, correction)
     if not judged.empty:
-        by_run = judged.groupby("run_id").verdict.apply(list).to_dict()
-        runs_of = results.groupby(ROW_KEYS, sort=False).run_id.apply(lambda ids: list(dict.fromkeys(ids))).to_dict()
-        table["verdict"] = [overall([v for run in runs_of[tuple(row[k] for k in ROW_KEYS)] for v in by_run.get(run, [])])
-                            for _, row in table.iterrows()]
-    table.to_csv(out / "paper.csv", index=False, float_format=CSV_FLOATS)
+        table["verdict"] = row_verdicts(table, results, judged)
+    untuned = untuned_verdicts(results, predictions, max_drop, correction) if tuned else pd.DataFrame()
+    if tuned:
+        # the dense baseline is not recovered (its run key leaves recovery out): no "w/o tune" beside it
+        table.insert(table.columns.get_loc("recovery") + 1, "tune",
+                     table.recovery.map(tunes(results)).where(table.pruner != "none", ""))
+        if not untuned.empty:
+            table[VS_UNTUNED] = row_verdicts(table, results, untuned)
+            table.loc[table.recovery == UNRECOVERED, VS_UNTUNED] = ""
+        untuned.to_csv(out / "verdicts_tune.csv", index=False, float_format=CSV_FLOATS)
+    (table if tuned else table.drop(columns="recovery")).to_csv(out / "paper.csv", index=False,
+                                                                  float_format=CSV_FLOATS)
     flipped.to_csv(out / "flips.csv", index=False, float_format=CSV_FLOATS)
     compared.to_csv(out / "comparisons.csv", index=False, float_format=CSV_FLOATS)
     judged.to_csv(out / "verdicts.csv", index=False, float_format=CSV_FLOATS)
@@ -329,12 +429,18 @@ def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction
     if not compared.empty:
         shown_compared = compared if several else compared.drop(columns=SETTING)
         sections.append("## Row against row at the same ratio (exact McNemar p)\n\n" + to_markdown(shown_compared))
+    name = "Holm" if correction == "holm" else "Benjamini-Hochberg"
     if not judged.empty:
         shown_judged = judged.drop(columns=([] if several else [SETTING]) + ["run_id"]
                                    + (["seed"] if judged.seed.nunique() == 1 else []))
-        name = "Holm" if correction == "holm" else "Benjamini-Hochberg"
         sections.append(f"## Verdicts against the dense run (tolerance {max_drop:g} points; p adjusted by {name} "
                         f"across the {len(judged)} comparisons)\n\n{to_markdown(shown_judged)}")
+    if not untuned.empty:
+        shown_untuned = untuned.drop(columns=([] if several else [SETTING]) + ["run_id"]
+                                     + (["seed"] if untuned.seed.nunique() == 1 else []))
+        sections.append(f"## Verdicts against the unrecovered run (w/ tune against w/o tune on the same documents; "
+                        f"tolerance {max_drop:g} points; p adjusted by {name} across the {len(untuned)} comparisons)"
+                        f"\n\n{to_markdown(shown_untuned)}")
     if not calibrated.empty:
         sections.append("## Calibration: across draws and sources (mean ± std [95% t-interval over draws])\n\n"
                         + "\n\n".join(calibration.sections(calibrated, to_markdown)))

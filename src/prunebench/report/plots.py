@@ -31,10 +31,11 @@ def _settings(table: pd.DataFrame):
 
 
 def _series(rows: pd.DataFrame, column: str):
-    """One line per pruner (and `differs`: runs of other parameters are other lines), each starting
+    """One line per pruner (and `differs`: runs of other parameters are other lines; and recovery
+    recipe, where any run recovered), each starting
     from the setting's dense point (the dense run of the same `differs` when there are several)."""
     dense = rows[rows.pruner == "none"]
-    keys = ["pruner", *([DIFFERS] if DIFFERS in rows else [])]
+    keys = ["pruner", *([DIFFERS] if DIFFERS in rows else []), *(["recovery"] if "recovery" in rows else [])]
     for key, group in rows[rows.pruner != "none"].groupby(keys, sort=True):
         base = dense if len(dense) == 1 else dense[dense[DIFFERS] == key[1]] if DIFFERS in rows else dense[:0]
         points = pd.concat([base[:1], group]).dropna(subset=[column]).sort_values("sparsity")
@@ -268,6 +269,32 @@ def layer_sparsity(runs: pd.DataFrame):
             ax.axhline(float(target), color="black", lw=1, ls="--", label="uniform")
             ax.set(xlabel="layer", ylabel="sparsity")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no layer 0.5
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    return fig
+
+
+RECOVERY_LOSSES = ("recovery/train_loss", "recovery/val_loss")
+RECOVERY_PANELS = ("training loss (the recipe's objective)", "validation loss (next-token)")
+
+
+def recovery_loss(curves: list[tuple[str, str, dict[str, list[tuple[int, float]]]]]):
+    """The recovery fine-tunes' losses against the optimizer step (docs/recovery.md), one line per
+    recovered run (`curves`: (setting, label, {metric: [(step, value)]})): a row of panels per
+    setting (the losses of two models share no axis), the training loss in one panel and the
+    validation loss in another where logged, since distillation's training loss is a KL divergence
+    and only the validation loss is the same next-token loss for every recipe."""
+    sections = [(heading, [c for c in curves if c[0] == heading]) for heading in sorted({c[0] for c in curves})]
+    panels = [[(name, title) for name, title in zip(RECOVERY_LOSSES, RECOVERY_PANELS)
+               if any(history.get(name) for _, _, history in rows)] for _, rows in sections]
+    fig, axes = grid([(heading, [title for _, title in shown]) for (heading, _), shown in zip(sections, panels)])
+    for (_, rows), shown, row in zip(sections, panels, axes):
+        for ax, (name, _) in zip(row, shown):
+            for _, label, history in rows:
+                if history.get(name):
+                    ax.plot(*zip(*sorted(history[name])), marker="o", ms=3, label=label)
+            ax.set(xlabel="optimizer step", ylabel=name)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     return fig

@@ -19,13 +19,22 @@ ID_COLUMNS = ["model", "pruner", "sparsity", "task"]
 SETTING = "setting"
 # the setting that tells apart rows sharing the identity columns (`differences`)
 DIFFERS = "differs"
-# the data a run read: its calibration files in words (job.py), else (a run logged before) their digest
-DATA_TAGS = ("tags.prunebench.calib_data", "tags.prunebench.inputs")
+# the data a run read besides its tasks' (the setting's): its calibration and recovery files in words
+# (job.py), else (a run logged before) the digest of all its inputs
+DATA_TAGS = ("tags.prunebench.calib_data", "tags.prunebench.recovery_data")
+INPUTS_TAG = "tags.prunebench.inputs"
+# a recovered run's recipe; runs that new name their data files in words (the digest of all inputs is not needed)
+RECOVERY_TAG = "tags.prunebench.recovery"
 # floats in CSVs: 12 significant digits hold every measurement and drop float64's rounding residue
 # (a standard error of 0.20000000000000004 is written 0.2)
 CSV_FLOATS = "%.12g"
 # columns of the CSV that the Markdown leaves to the heading or the plots
 DETAIL_SUFFIXES = ("_stderr", "/n_docs", "_ci_low", "_ci_high")
+# recovery params that change none of its numbers (as in the run key: tracking/run_key.py)
+RECOVERY_RUNTIME = ("recovery.seed", "recovery.checkpoint_every")
+# what the recovery column and label account for: its params and its data file
+RECOVERY_PREFIXES = ("recovery.", "recovery_data")
+UNRECOVERED = "{}"
 # run ids per search of the earlier runs a sweep reused
 BATCH = 100
 TRAILING = ["avg/score", "stability/avg", "sparsity/actual", "latency/median_s", "latency/speedup"]
@@ -101,11 +110,42 @@ def results_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=[SETTING, *ID_COLUMNS, *task_cols, *TRAILING, *details, *INTERVALS, "run_id"])
     for col in table.columns[len(ID_COLUMNS) + 1:-1]:
         table[col] = table[col].map(readable)
-    differs = differences(runs)
+    recovered = RECOVERY_TAG in runs.columns
+    # a recovery is the recovery column, not a difference
+    differs = differences(runs, ignore=RECOVERY_PREFIXES if recovered else ())
     if differs.any():  # rows of one setting, model, pruner, sparsity and task that ran other settings or data
         table.insert(len(ID_COLUMNS) + 1, DIFFERS, differs.tolist())
+    if recovered:  # a pruning w/ tune beside the same w/o: the recipe ('' none), its own line in the plots
+        configs = [json.dumps(recovery_config(run)) for _, run in runs.iterrows()]
+        named = recipe_labels(configs)
+        table.insert(len(ID_COLUMNS) + 1, "recovery", [named[c] for c in configs])
     table = table.dropna(axis=1, how="all")
-    return table.sort_values([SETTING, "model", "task", "pruner", "sparsity"], key=dense_first).reset_index(drop=True)
+    return table.sort_values([SETTING, "model", "task", "pruner", "sparsity", *(["recovery"] if recovered else [])],
+                             key=dense_first).reset_index(drop=True)
+
+
+def recovery_config(run: pd.Series) -> dict[str, str]:
+    """The recovery fine-tune a run had (`recovery.*` params; with its data file's name and digest,
+    which its run key holds), {} for none: a recovery=none run logs no recovery params."""
+    if not isinstance(run.get(RECOVERY_TAG), str):
+        return {}
+    params = {c[len("params."):]: v for c, v in run.items() if c.startswith("params.recovery.") and isinstance(v, str)}
+    data = run.get("tags.prunebench.recovery_data")
+    return {k: v for k, v in sorted({**params, **({"recovery_data": data} if isinstance(data, str) else {})}.items())
+            if k not in RECOVERY_RUNTIME}
+
+
+def recipe_labels(configs) -> dict[str, str]:
+    """{recovery config (JSON of `recovery_config`): its recipe's name, with the parameters that tell
+    two configs of one recipe apart (`lora, lr=0.001`)}; '' for none."""
+    parsed = {c: json.loads(c) for c in configs if c != UNRECOVERED}
+    out = {UNRECOVERED: ""}
+    for name in {c["recovery.name"] for c in parsed.values()}:
+        same = {k: c for k, c in parsed.items() if c["recovery.name"] == name}
+        varying = sorted({k for c in same.values() for k in c if len({d.get(k) for d in same.values()}) > 1})
+        for key, config in same.items():
+            out[key] = ", ".join([name, *(f"{k.removeprefix('recovery.')}={config.get(k)}" for k in varying)])
+    return out
 
 
 def task_columns(table: pd.DataFrame) -> list[str]:
@@ -121,19 +161,21 @@ def shown_columns(table: pd.DataFrame) -> list[str]:
 
 
 def differences(runs: pd.DataFrame, shown: int = 40, ignore: tuple[str, ...] = ()) -> pd.Series:
-    """Per run, `key=value` of each setting (a logged param, or the calibration data read) that
+    """Per run, `key=value` of each setting (a logged param, or the calibration or recovery data read) that
     differs between runs sharing a setting (report/settings.py), model, pruner, sparsity and task (a
     template, a pruner's parameter), in the words of the override that sets it; empty strings when
     no two runs share them. `ignore`: prefixes of params a caller accounts for otherwise (the seeds it
     averages, the pruner's config it labels rows with)."""
     runtime = tuple(f"params.{key}" for key in RUNTIME_KEYS) + tuple(f"params.model.{key}" for key in MODEL_RUNTIME_KEYS)
-    data = next((tag for tag in DATA_TAGS if tag in runs.columns), None)
-    columns = [c for c in runs.columns if (c.startswith("params.") and not c.startswith(runtime)
-                                             and not c.removeprefix("params.").startswith(ignore)) or c == data]
+    data = [tag for tag in DATA_TAGS if tag in runs.columns]
+    if not data and INPUTS_TAG in runs.columns and RECOVERY_TAG not in runs.columns:
+        data = [INPUTS_TAG]
+    def label(column: str) -> str:
+        return column.removeprefix("tags.prunebench.") if column in data else column.removeprefix("params.")
+    columns = [c for c in runs.columns if ((c.startswith("params.") and not c.startswith(runtime)) or c in data)
+               and not label(c).startswith(ignore)]
     ids = [f"tags.prunebench.{c}" for c in ID_COLUMNS]
     keyed = runs.assign(**{SETTING: settings(runs)})
-    def label(column: str) -> str:
-        return "calib_data" if column == DATA_TAGS[0] else "inputs" if column == data else column.removeprefix("params.")
     def value(v) -> str:  # a path's end names the file: cut from the front; a newline kept visible
         text = str(v).replace("\n", "\\n")
         return text if len(text) <= shown else "..." + text[-(shown - 3):]
