@@ -237,6 +237,16 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
     return "\n".join([*lines, "\\bottomrule", "\\end{tabular}", ""])
 
 
+def paired_with(r, reference_run: str, predictions: Predictions):
+    """(row r, metric counted, the reference run's values, r's values) on the documents both have, by
+    id; None when either run has no per-document values of r's task (perplexity, a regression)."""
+    mine = predictions.correct(r.run_id, r.task, r.metric)
+    reference = predictions.correct(reference_run, r.task, r.metric)
+    if mine is None or reference is None:
+        return None
+    return (r, mine[0], *paired(reference[1], mine[1]))
+
+
 def dense_pairs(results: pd.DataFrame, predictions: Predictions):
     """(pruned row, metric counted, dense values, pruned values) per pruned run and task, the
     documents paired by id with the dense run of the same setting and task; a task without
@@ -244,13 +254,8 @@ def dense_pairs(results: pd.DataFrame, predictions: Predictions):
     dense = results[results.pruner == "none"]
     for _, r in results[results.pruner != "none"].iterrows():
         base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
-        if base.empty:
-            continue
-        pruned = predictions.correct(r.run_id, r.task, r.metric)
-        reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
-        if pruned is None or reference is None:
-            continue
-        yield (r, pruned[0], *paired(reference[1], pruned[1]))
+        if not base.empty and (pair := paired_with(r, base.run_id.iloc[0], predictions)):
+            yield pair
 
 
 def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
@@ -316,13 +321,8 @@ def untuned_pairs(results: pd.DataFrame, predictions: Predictions):
     untuned = results[results.recovery == UNRECOVERED]
     for _, r in results[results.recovery != UNRECOVERED].iterrows():
         base = untuned[(untuned[keys] == r[keys]).all(axis=1)]
-        if base.empty:
-            continue
-        tuned = predictions.correct(r.run_id, r.task, r.metric)
-        reference = predictions.correct(base.run_id.iloc[0], r.task, r.metric)
-        if tuned is None or reference is None:
-            continue
-        yield (r, tuned[0], *paired(reference[1], tuned[1]))
+        if not base.empty and (pair := paired_with(r, base.run_id.iloc[0], predictions)):
+            yield pair
 
 
 def verdicts(results: pd.DataFrame, pairs, max_drop: float = 1.0, correction: str = "holm") -> pd.DataFrame:
