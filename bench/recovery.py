@@ -19,10 +19,11 @@ Both sides are measured by the same instruments, installed in the child before i
 global optimizer-step hook stamps the time of every optimizer step, and a forward pre-hook on the
 pruned model counts the attention mask's ones (the non-padding tokens) of every training forward.
 Tokens per second is the tokens fed after the `--warmup` steps over the time from the end of the
-last warm-up step to the end of the last step. Memory: the resident set's high-water mark (Linux's
-VmHWM) from the start of training to its end, reset when training starts (the model and libraries
-loaded, what is resident then counts in), and what training added above the resident set it
-started from.
+last warm-up step to the end of the last step. Memory: the process's peak resident set (Linux's
+VmHWM: the larger of its peak while loading and its peak after), and what each side's own work
+added above the resident set it started from (libraries imported and the pruned model loaded; the
+high-water mark is reset there): the adapter, its data (ours tokenizes the text inside `recover`,
+the reference reads the same examples from a file), the trainer and the training.
 
 The reference, step by step from post_training.py (commit 38452d5): LoraConfig(r, lora_alpha,
 target_modules, lora_dropout, bias="none", task_type="CAUSAL_LM") and get_peft_model;
@@ -99,10 +100,11 @@ class Meter:
         peak = status()["VmHWM"]
         if len(self.times) <= warmup:
             raise SystemExit(f"{len(self.times)} optimizer steps ran: need more than --warmup {warmup}")
-        seconds = self.times[-1] - self.times[warmup - 1] if warmup else None
-        tokens = self.tokens_at[-1] - (self.tokens_at[warmup - 1] if warmup else 0)
+        seconds = self.times[-1] - self.times[warmup - 1]
+        tokens = self.tokens_at[-1] - self.tokens_at[warmup - 1]
         return {"steps": len(self.times), "timed_steps": len(self.times) - warmup, "timed_tokens": tokens,
-                "timed_s": seconds, "tokens_per_s": tokens / seconds, "peak_gb": peak / 1e9,
+                "timed_s": seconds, "tokens_per_s": tokens / seconds,
+                "peak_gb": max(peak, self.before["VmHWM"]) / 1e9, "training_peak_gb": peak / 1e9,
                 "added_gb": (peak - self.rss_start) / 1e9, "load_peak_gb": self.before["VmHWM"] / 1e9}
 
 
@@ -115,16 +117,18 @@ def run_ours(state: dict, loaded, meter: Meter, folder: Path) -> None:
 
     cfg = OmegaConf.create(state["cfg"])
     options = OmegaConf.to_container(cfg.recovery, resolve=True)
-    meter.start()
     recover(loaded, options, RecoveryData(options, cfg.get("data_dir")), cfg.trainer, None, folder)
 
 
 def run_reference(state: dict, loaded, meter: Meter, folder: Path) -> None:
-    """post_training.py's loop (see the module's docstring), on the examples ours trains on."""
+    """post_training.py's loop (see the module's docstring), on the examples ours trains on (read
+    here, after the memory's reset, as ours tokenizes its own inside `recover`)."""
+    import torch
     import transformers
     from peft import LoraConfig, get_peft_model
 
     options = state["options"]
+    examples = torch.load(state["examples"], weights_only=False)
     tokenizer = loaded.tokenizer
     tokenizer.pad_token_id = 0
     tokenizer.padding_side = "left"
@@ -132,7 +136,7 @@ def run_reference(state: dict, loaded, meter: Meter, folder: Path) -> None:
     model = get_peft_model(loaded.model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"],
                                                     target_modules=list(lora["targets"]), lora_dropout=lora["dropout"],
                                                     bias="none", task_type="CAUSAL_LM"))
-    train = [{**e, "attention_mask": [1] * len(e["input_ids"])} for e in state["train"]]  # as its tokenize() returns
+    train = [{**e, "attention_mask": [1] * len(e["input_ids"])} for e in examples]  # as its tokenize() returns
     trainer = transformers.Trainer(
         model=model, train_dataset=train,
         args=transformers.TrainingArguments(
@@ -145,7 +149,6 @@ def run_reference(state: dict, loaded, meter: Meter, folder: Path) -> None:
         data_collator=transformers.DataCollatorForSeq2Seq(tokenizer, pad_to_multiple_of=8, return_tensors="pt",
                                                           padding=True))
     model.config.use_cache = False
-    meter.start()
     trainer.train()
 
 
@@ -164,14 +167,16 @@ def child(side: str, state_path: Path, warmup: int, threads: int) -> None:
     state = torch.load(state_path, weights_only=False)
     loaded = LoadedModel(state["model"], state["tokenizer"], state["name"], "causal_lm", state["max_length"])
     meter = Meter(loaded.model)
+    meter.start()  # each side's own work from here: adapter, data, trainer, training
     with tempfile.TemporaryDirectory() as folder:
         (run_ours if side == "ours" else run_reference)(state, loaded, meter, Path(folder))
     print("RESULT " + json.dumps(meter.result(warmup)), flush=True)
 
 
 def prepare(overrides: list[str], steps: int, path: Path) -> dict:
-    """Prunes the model as a job would (score cache included) and saves it, its tokenizer, the
-    config and the training examples ours draws (`RecoveryData.split`), for both sides to load."""
+    """Prunes the model as a job would (score cache included) and saves it, its tokenizer and the
+    config for both sides to load, and beside it the training examples ours draws
+    (`RecoveryData.split`) for the reference."""
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -189,9 +194,11 @@ def prepare(overrides: list[str], steps: int, path: Path) -> dict:
     options = OmegaConf.to_container(cfg.recovery, resolve=True)
     data = recovery_data(cfg)
     train, _ = data.split(data.examples(loaded.tokenizer))
+    examples = path.with_suffix(".examples.pt")
+    torch.save(train, examples)
     torch.save({"model": loaded.model, "tokenizer": loaded.tokenizer, "name": loaded.name,
                 "max_length": loaded.max_length, "cfg": OmegaConf.to_container(cfg, resolve=True),
-                "options": options, "train": train}, path)
+                "options": options, "examples": str(examples)}, path)
     params = sum(p.numel() for p in loaded.model.parameters())
     return {"model": cfg.model.name, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity,
             "sparsity_actual": stats.get("sparsity/actual"), "params": params,
@@ -241,17 +248,17 @@ def main() -> None:
                        "load_average": os.getloadavg()[0]}
                 rows[side].append(row)
                 print(f"  {repeat + 1} {side:<4} {row['tokens_per_s']:8.1f} tokens/s ({row['timed_tokens']} tokens "
-                      f"in {row['timed_s']:.1f} s)  peak {row['peak_gb']:.3f} GB (+{row['added_gb']:.3f} in "
-                      f"training)  process {row['process_s']:.0f} s  load {row['load_average']:.2f}", flush=True)
+                      f"in {row['timed_s']:.1f} s)  peak {row['peak_gb']:.3f} GB (its own work "
+                      f"+{row['added_gb']:.3f})  process {row['process_s']:.0f} s  load {row['load_average']:.2f}", flush=True)
     medians = {side: {key: statistics.median(r[key] for r in runs) for key in ("tokens_per_s", "peak_gb", "added_gb")}
                for side, runs in rows.items()}
-    print(f"\n{'median':<8}{'tokens/s':>10}{'peak GB':>10}{'+training GB':>14}")
+    print(f"\n{'median':<8}{'tokens/s':>10}{'peak GB':>10}{'+own work GB':>14}")
     for side, label in (("ours", "ours"), ("ref", "HF ref")):
         m = medians[side]
         print(f"{label:<8}{m['tokens_per_s']:>10.1f}{m['peak_gb']:>10.3f}{m['added_gb']:>14.3f}")
     ours, ref = medians["ours"], medians["ref"]
     print(f"ours / HF Trainer: throughput {ours['tokens_per_s'] / ref['tokens_per_s']:.3f}x, peak memory "
-          f"{ours['peak_gb'] / ref['peak_gb']:.3f}x, memory added by training "
+          f"{ours['peak_gb'] / ref['peak_gb']:.3f}x, memory its own work added "
           f"{ours['added_gb'] / ref['added_gb']:.3f}x")
     if args.out:
         args.out.write_text(json.dumps({"setup": {**setup, "warmup": args.warmup, "threads": args.threads,
