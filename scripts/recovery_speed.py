@@ -181,9 +181,11 @@ def prepare(overrides: list[str], steps: int, path: Path) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from prunebench.job import load_libraries, prune
+    from prunebench.pruning import prune
+    from prunebench.startup import load_libraries
     from prunebench.paths import CONF_DIR
-    from prunebench.validate import recovery_data, validate
+    from prunebench.recovery.data import recovery_data
+    from prunebench.validate import validate
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"recovery.max_steps={steps}",
