@@ -80,10 +80,10 @@ def job_runs(uri: str):
 
 
 def interrupt(uri: str, env: dict, going: Callable[[], bool], release_requeued: bool = True) -> dict[str, list[str]]:
-    """While the sweep runs (`going`): cancels one job and requeues another as soon as each holds its claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the
-    signal it leads to are apart in time, and a job may end its run between them: a hit counts once
-    the job has ended its run KILLED; one whose run ended any other way missed, and another job takes
-    its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
+    """While the sweep runs (`going`): cancels one job and requeues another as soon as each holds its
+    claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the signal it leads to
+    are apart in time, and a job may end its run between them: a hit counts once the job has ended
+    its run KILLED; one whose run ended any other way missed, and another job takes its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
     each back, those that missed included)."""
     want = {"scancel": 1, "requeue": 1}
     landed = {"scancel": [], "requeue": []}
