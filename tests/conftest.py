@@ -135,14 +135,15 @@ def store_in(folder: Path, monkeypatch) -> str:
     return uri
 
 
-def pause_process(proc: subprocess.Popen, guard_s: float = 300) -> None:
-    """SIGSTOP, returning once every thread of the process (its heartbeat thread too) has stopped:
-    a signal to another process is delivered asynchronously."""
-    os.kill(proc.pid, signal.SIGSTOP)
+def pause_process(proc: subprocess.Popen | int, guard_s: float = 300) -> None:
+    """SIGSTOP to a process (or a pid), returning once every thread of it (its heartbeat thread too) has
+    stopped: a signal to another process is delivered asynchronously."""
+    pid = proc if isinstance(proc, int) else proc.pid
+    os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + guard_s
-    tasks = Path(f"/proc/{proc.pid}/task")
+    tasks = Path(f"/proc/{pid}/task")
     while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-        assert time.monotonic() < deadline, f"process {proc.pid} never stopped"
+        assert time.monotonic() < deadline, f"process {pid} never stopped"
         time.sleep(0.01)
 
 

@@ -5,7 +5,8 @@ The workers are paused (SIGSTOP) or killed (SIGKILL) once their claim is in the 
 has begun (its parameters logged), at the same look, while the test holds the store's write lock: a
 job cannot end its run first, however fast, and a paused worker holds no lock the others wait on.
 Each interleaving is forced, and every wait is on a condition (a run's state, a log line, a process
-stopped), never on a wall-clock margin."""
+stopped), never on a wall-clock margin. A worker that takes a dead or silent holder's claim over runs
+in this process: what is tested is the claim, not how that worker was started."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from typing import Callable
 
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_MC, pause_process
+from conftest import TINY_MC, compose_cfg, pause_process
+from prunebench.job import run
 from prunebench.tracking import claim
 from prunebench.tracking.store import prepare_sqlite
 
@@ -105,11 +107,14 @@ def test_a_second_worker_waits_for_the_live_holder_then_skips(store):
     assert statuses(store) == ["FINISHED"]
 
 
-def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store):
+def test_a_requeued_job_takes_over_its_own_dead_attempt_at_once(store, monkeypatch):
     slurm = {"SLURM_JOB_ID": "4242"}
     first = worker(env=slurm)
     killed = at_claim(first, store, kill)
-    finish(worker(env=slurm))  # stale_s is 300: only the same job id can tell the claim is dead
+    # the next attempt in this process (the claim is what is tested, not its process); stale_s is 300:
+    # only the same job id can tell the claim is dead
+    monkeypatch.setenv("SLURM_JOB_ID", slurm["SLURM_JOB_ID"])
+    run(compose_cfg(JOB))
     runs = {r.info.run_id: r for r in key_runs(store)}
     assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "KILLED"]
     assert "an earlier attempt of this job (slurm:4242)" in runs[killed].data.tags["prunebench.error"]
@@ -121,9 +126,8 @@ def test_a_silent_holder_is_taken_over_and_does_not_finish_when_it_wakes(store):
     first = worker()
     silent = at_claim(first, store, pause_process)  # its heartbeat stops with it
     try:
-        # waits while the paused holder's last beat is under 1 s old, then takes the claim over
-        second = worker("tracking.claim.stale_s=1")
-        finish(second)
+        # in this process: waits while the paused holder's last beat is under 1 s old, then takes the claim over
+        run(compose_cfg([*JOB, "tracking.claim.stale_s=1"]))
     finally:
         os.kill(first.pid, signal.SIGCONT)
     assert "not recorded FINISHED, the claim was taken over" in finish(first)

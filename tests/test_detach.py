@@ -41,14 +41,19 @@ def test_cells_ending_at_once_close_the_sweep_exactly_once(store, tmp_path):
         child = client.create_run(exp, tags={"mlflow.parentRunId": parent})
         client.set_terminated(child.info.run_id, "FINISHED")
         cells.job_tag(client, parent, num, {"state": "FINISHED", "worker": f"h:{num}", "start": 0.0, "end": 1.0})
-    # the closers start together: each finds every cell ended, and all try to close (any interleaving
-    # must leave one winner, so the start time only makes the contest likely, not the result)
-    go = time.time() + 8
-    code = (f"import time, sys; time.sleep(max(0, {go} - time.time())); from prunebench.tracking.sweep import "
-            f"close_if_done; print('CLOSED' if close_if_done({store!r}, {parent!r}, 300) else 'NOT')")
+    # the closers start together: each imports, says so, and waits for the word to go; then each finds
+    # every cell ended, and all try to close (any interleaving must leave one winner, so starting
+    # together only makes the contest likely, not the result)
+    code = ("import sys; from prunebench.tracking.sweep import close_if_done; print('READY', flush=True); "
+            f"sys.stdin.readline(); print('CLOSED' if close_if_done({store!r}, {parent!r}, 300) else 'NOT')")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS, os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(CLOSERS)]
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(CLOSERS)]
+    for proc in procs:
+        assert proc.stdout.readline() == "READY\n", proc.communicate(timeout=300)[1][-2000:]
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     outs = [p.communicate(timeout=300) for p in procs]
     verdicts = [out.strip().splitlines()[-1] if out.strip() else err[-2000:] for out, err in outs]
     assert sorted(verdicts) == ["CLOSED"] + ["NOT"] * (CLOSERS - 1), verdicts

@@ -9,30 +9,32 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import MC_FIXTURE, compose_cfg
+from conftest import MC_FIXTURE, compose_cfg, pause_process
 from prunebench.tracking.store import prepare_sqlite
 
 ROOT = Path(__file__).resolve().parents[1]
-SPARSITIES = ",".join(f"{s / 10:g}" for s in range(1, 6))
 GRID = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}",
-        "trainer.enable_progress_bar=false", "pruner=random", f"sparsity={SPARSITIES}", "seed=0,1",
+        "trainer.enable_progress_bar=false", "pruner=random", "sparsity=0.2,0.4", "seed=0,1",
         "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=1", "hydra/launcher=submitit_slurm",
         "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
-# pruner=random draws its masks from the seed, so seed=0,1 are 10 distinct cells (a pruner that does
-# not use the seed, magnitude, keys both seeds as one run): 4 to cancel or requeue mid-job, with the
-# cluster's 2-per-core slots still busy while they are hit
-CELLS = 10
+# pruner=random draws its masks from the seed, so seed=0,1 are 4 distinct cells (a pruner that does
+# not use the seed, magnitude, keys both seeds as one run): one to cancel and one to requeue mid-job,
+# two to finish, and spares for a hit that misses (a job that ends its run before the signal lands)
+CELLS = 4
 HANG_GUARD_S = 900  # only a broken cluster gets here
 
 
@@ -77,15 +79,13 @@ def job_runs(uri: str):
     return [r for r in runs if "prunebench.sweep" not in r.data.tags]
 
 
-def interrupt(uri: str, env: dict, going: Callable[[], bool], cancels: int = 2, requeues: int = 2,
-              release_requeued: bool = True) -> dict[str, list[str]]:
-    """While the sweep runs (`going`): cancels `cancels` jobs and requeues `requeues` others as soon as
-    each holds its claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the
-    signal it leads to are apart in time, and a job may end its run between them: a hit counts once
-    the job has ended its run KILLED; one whose run ended any other way missed, and another job takes
-    its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
+def interrupt(uri: str, env: dict, going: Callable[[], bool], release_requeued: bool = True) -> dict[str, list[str]]:
+    """While the sweep runs (`going`): cancels one job and requeues another as soon as each holds its
+    claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the signal it leads to
+    are apart in time, and a job may end its run between them: a hit counts once the job has ended
+    its run KILLED; one whose run ended any other way missed, and another job takes its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
     each back, those that missed included)."""
-    want = {"scancel": cancels, "requeue": requeues}
+    want = {"scancel": 1, "requeue": 1}
     landed = {"scancel": [], "requeue": []}
     pending: dict[str, tuple[str, str]] = {}  # run id -> (how it was hit, the job)
     tried, requeued = set(), []
@@ -154,22 +154,22 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
     if first.poll() is None:
         first.terminate()
     out, _ = first.communicate(timeout=HANG_GUARD_S)
-    assert len(hit["scancel"]) == 2 and len(hit["requeue"]) == 2, (hit, out[-4000:])
-    assert first.returncode != 0, (hit, Counter(r.info.status for r in job_runs(store)), out[-6000:])  # cancelled jobs fail it
+    assert len(hit["scancel"]) == 1 and len(hit["requeue"]) == 1, (hit, out[-4000:])
+    assert first.returncode != 0, (hit, Counter(r.info.status for r in job_runs(store)), out[-6000:])  # a cancelled job fails it
     wait_for_empty_queue(env, hit["requeued"])
     runs = job_runs(store)
-    # each job hit ended its run KILLED on SIGTERM; each requeued one then FINISHED as attempt 2
-    assert Counter(r.info.status for r in runs) == {"FINISHED": CELLS - 2, "KILLED": 4}
+    # each job hit ended its run KILLED on SIGTERM; the requeued one then FINISHED as attempt 2
+    assert Counter(r.info.status for r in runs) == {"FINISHED": CELLS - 1, "KILLED": 2}
     attempts = {r.data.tags["prunebench.worker"]: r.data.tags["prunebench.attempt"]
                 for r in runs if r.info.status == "FINISHED"}
-    assert [attempts.get(f"slurm:{job}") for job in hit["requeue"]] == ["2", "2"]
+    assert [attempts.get(f"slurm:{job}") for job in hit["requeue"]] == ["2"]
 
-    # prunebench's subclass of the plugin's launcher: only the two cancelled cells become array tasks (the
-    # plugin's own would submit all ten, eight of them to start, import and find their run FINISHED)
+    # prunebench's subclass of the plugin's launcher: only the cancelled cell becomes an array task (the
+    # plugin's own would submit all four, three of them to start, import and find their run FINISHED)
     rerun = sweeps(env, "prunebench_slurm")
     out, _ = rerun.communicate(timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, out[-4000:]
-    assert f"submitting 2 of {CELLS} cell(s)" in out, out[-4000:]
+    assert f"submitting 1 of {CELLS} cell(s)" in out, out[-4000:]
     runs = job_runs(store)
     finished = Counter(r.data.tags["prunebench.run_key"] for r in runs if r.info.status == "FINISHED")
     assert len(finished) == CELLS and set(finished.values()) == {1}
@@ -177,8 +177,8 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
     client = MlflowClient(store)
     parents = client.search_runs([client.get_experiment_by_name("prunebench").experiment_id],
                                  filter_string="tags.`prunebench.sweep` = 'true'", order_by=["attributes.start_time ASC"])
-    assert [p.info.status for p in parents] == ["FAILED", "FINISHED"]  # the rerun ran the 2 cancelled cells
-    assert parents[1].data.tags["prunebench.jobs_finished"] == "2"
+    assert [p.info.status for p in parents] == ["FAILED", "FINISHED"]  # the rerun ran the cancelled cell
+    assert parents[1].data.tags["prunebench.jobs_finished"] == "1"
     assert {r.data.tags.get("mlflow.parentRunId") for r in runs} == {p.info.run_id for p in parents}
     print("SLURM grid:", CELLS, "cells,", len(runs), "job runs:", dict(Counter(r.info.status for r in runs)),
           "cancelled", hit["scancel"], "requeued", hit["requeue"])
@@ -192,9 +192,9 @@ def test_grid_through_slurm_with_cancels_and_requeues_then_rerun_finishes_every_
 
 DETACHED_LAUNCH = ["tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_slurm", "detach=true",
                    "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30"]
-# 8 cells of a few seconds each (2 to cancel, 1 to requeue, 5 that finish): magnitude keys each
-# sparsity once
-DETACHED_CELLS = 8
+# 4 cells of a few seconds each (one to cancel, one to requeue, two that finish, spares as above):
+# magnitude keys each sparsity once
+DETACHED_CELLS = 4
 DETACHED = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
             "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, DETACHED_CELLS + 1)),
             "tracking.ensure_dense=false", *DETACHED_LAUNCH]
@@ -231,21 +231,20 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
     arrays = {json.loads(v)["slurm"]: int(k.rsplit(".", 1)[1])
               for k, v in client.get_run(first["parent"]).data.tags.items() if k.startswith("prunebench.array.")}
     assert len(arrays) == DETACHED_CELLS and all(task.startswith(first["job"] + "_") for task in arrays)
-    hit = interrupt(store, env, lambda: queued(env), cancels=2, requeues=1, release_requeued=False)
-    assert len(hit["scancel"]) == 2 and len(hit["requeue"]) == 1, hit
-    cancelled, (requeued,) = [arrays[j] for j in hit["scancel"]], [arrays[j] for j in hit["requeue"]]
+    hit = interrupt(store, env, lambda: queued(env), release_requeued=False)
+    assert len(hit["scancel"]) == 1 and len(hit["requeue"]) == 1, hit
+    (cancelled,), (requeued,) = [arrays[j] for j in hit["scancel"]], [arrays[j] for j in hit["requeue"]]
 
     # SLURM holds the requeued task back: meanwhile the status tells each kind of cell apart
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
         rows, out = status(capsys, first["parent"], "--uri", store)
-        if all(rows[c][0] == "killed" for c in cancelled) and rows[requeued][0] == "waiting":
+        if rows[cancelled][0] == "killed" and rows[requeued][0] == "waiting":
             break
         assert time.monotonic() < deadline, out
         time.sleep(1)
     assert sorted(rows) == list(range(DETACHED_CELLS)), out
-    for cell in cancelled:
-        assert rows[cell][1] in ("CANCELLED", "GONE") and "stopped by a signal" in rows[cell][2], out
+    assert rows[cancelled][1] in ("CANCELLED", "GONE") and "stopped by a signal" in rows[cancelled][2], out
     assert rows[requeued][1] == "PENDING" and "requeued after a signal" in rows[requeued][2], out
     for state, word, detail in rows.values():
         assert state in ("done", "running", "waiting", "killed"), out
@@ -258,38 +257,40 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
     release(env, hit["requeued"])
     wait_for_empty_queue(env, hit["requeued"])
     parent = client.get_run(first["parent"])
-    # counted as the blocking path counts: 2 cancelled runs KILLED, the requeued task's first attempt retried
+    # counted as the blocking path counts: the cancelled run KILLED, the requeued task's first attempt retried
     assert parent.info.status == "FAILED", parent.data.tags
     assert {k: parent.data.tags[f"prunebench.jobs_{k}"] for k in ("finished", "failed", "killed", "running", "retried")} == \
-        {"finished": str(DETACHED_CELLS - 2), "failed": "0", "killed": "2", "running": "0", "retried": "1"}
+        {"finished": str(DETACHED_CELLS - 1), "failed": "0", "killed": "1", "running": "0", "retried": "1"}
     # closed by the job that found itself the last cell to end, not by a status call
     assert parent.data.params["prunebench.closed_by"].startswith("slurm:" + first["job"] + "_")
     sweep_dir = Path(parent.data.tags["hydra.sweep_dir"])
     logs = [p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*")]
     assert sum(text.count("sweep report: ") for text in logs) == 1  # written exactly once
     assert {"report/results.md", "report/results.csv"} <= {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
-    assert len((sweep_dir / "report" / "results.csv").read_text().strip().splitlines()) == 1 + DETACHED_CELLS - 2
+    assert len((sweep_dir / "report" / "results.csv").read_text().strip().splitlines()) == 1 + DETACHED_CELLS - 1
 
     rows, out = status(capsys, "latest", "--uri", store)
-    assert Counter(state for state, _, _ in rows.values()) == {"done": DETACHED_CELLS - 2, "killed": 2}, out
-    assert f"closed FAILED ({DETACHED_CELLS - 2} finished, 0 failed, 2 killed, 0 running, 1 retried)" in out, out
+    assert Counter(state for state, _, _ in rows.values()) == {"done": DETACHED_CELLS - 1, "killed": 1}, out
+    assert f"closed FAILED ({DETACHED_CELLS - 1} finished, 0 failed, 1 killed, 0 running, 1 retried)" in out, out
     assert "nothing left" in out
 
-    second = submit_detached(env)  # the same command: only the two cancelled cells are submitted again
-    assert (second["submitted"], second["answered"]) == ("2", str(DETACHED_CELLS - 2))
+    second = submit_detached(env)  # the same command: only the cancelled cell is submitted again
+    assert (second["submitted"], second["answered"]) == ("1", str(DETACHED_CELLS - 1))
     wait_for_empty_queue(env, [])
     parent = client.get_run(second["parent"])
-    assert parent.info.status == "FINISHED" and parent.data.tags["prunebench.jobs_finished"] == "2"
+    assert parent.info.status == "FINISHED" and parent.data.tags["prunebench.jobs_finished"] == "1"
     rows = (Path(parent.data.tags["hydra.sweep_dir"]) / "report" / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + DETACHED_CELLS  # the report covers the whole grid
     finished = Counter(r.data.tags["prunebench.run_key"] for r in job_runs(store) if r.info.status == "FINISHED")
     assert len(finished) == DETACHED_CELLS and set(finished.values()) == {1}
 
 
-# one cell that fine-tunes for a few dozen tiny steps (2 micro-batches of 2 windows of 32 tokens a step,
-# some 0.05-0.2 s each on the 2-core machine), a checkpoint every 4: SLURM's requeue, sent once the
-# first checkpoint is on disk, lands with most of the training still to run
-RECOVERY_STEPS, CHECKPOINT_EVERY = 36, 4
+# one cell that fine-tunes for 24 tiny steps (2 micro-batches of 2 windows of 32 tokens a step), a
+# checkpoint every 4: the job is held (SIGSTOP) at most one step past its first checkpoint until SLURM's
+# requeue has signalled it, so the SIGTERM lands with 19 or more steps, each a write to the store, still
+# to run, however fast the machine and however slow SLURM (a held job in a store call gets its handler's
+# 50 ms to return from it, some steps at most)
+RECOVERY_STEPS, CHECKPOINT_EVERY = 24, 4
 RECOVERY = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
             "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=0.5", "tracking.ensure_dense=false",
             "recovery=lora", "recovery.data=file", "recovery.seq_len=32", "recovery.batch_size=4",
@@ -300,10 +301,55 @@ RECOVERY_TEXT = "The quick brown fox jumps over the lazy dog. Question: What is 
 UNEQUAL = ("recovery/seconds", "recovery/peak_host_gb", "recovery/peak_accelerator_gb", "recovery/resumed_at")
 
 
+def hold_at_first_checkpoint(uri: str, cache: Path, env: dict) -> int:
+    """Pauses the job once its first recovery checkpoint is on disk, and returns its pid. Each look is
+    made holding the store's write lock: the job logs every optimizer step's loss to the store, so it
+    cannot get past its next step while the test looks, then pauses it."""
+    from prunebench.recovery.train import CHECKPOINT
+
+    job_runs(uri)  # MLflow's first open of the file, outside the lock
+    deadline = time.monotonic() + HANG_GUARD_S
+    with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
+        while True:
+            db.execute("BEGIN IMMEDIATE")  # waits for a write of the job in progress to commit
+            try:
+                if any(cache.glob(f"recovery/*/{CHECKPOINT}")):
+                    job = job_process(cache)
+                    pause_process(job)
+                    return job
+            finally:
+                db.execute("ROLLBACK")
+            assert queued(env) and time.monotonic() < deadline, "the job ended without writing a recovery checkpoint"
+            time.sleep(0.05)
+
+
+def job_process(cache: Path) -> int:
+    """The SLURM job's Python process: this interpreter, started with the test's own cache folder."""
+    mark, python = f"PRUNEBENCH_CACHE={cache}".encode(), Path(sys.executable).resolve()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "exe").resolve() == python and \
+                    mark in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:  # a process that ended meanwhile, or another user's
+            continue
+    raise AssertionError(f"no job process with {mark.decode()}")
+
+
+def signalled(pid: int) -> bool:
+    """Whether SLURM's requeue has reached the paused job: SIGTERM pending, the process resumed (slurmd
+    sends SIGCONT before SIGTERM, so that a stopped job gets it), or gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except FileNotFoundError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return bool(pending >> (signal.SIGTERM - 1) & 1) or fields["State"].strip()[0] not in "Tt"
+
+
 def test_a_recovery_requeued_mid_training_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
         slurm_env, store, tmp_path, monkeypatch, one_thread):
     from prunebench.job import run
-    from prunebench.recovery.train import CHECKPOINT
 
     text = tmp_path / "recovery.txt"
     text.write_text(RECOVERY_TEXT * 200)
@@ -316,11 +362,16 @@ def test_a_recovery_requeued_mid_training_resumes_from_its_checkpoint_and_ends_a
     # SLURM's name for the cell (submitit submits a lone cell as a plain job, not an array task)
     (task,) = [json.loads(v)["slurm"] for k, v in client.get_run(sweep["parent"]).data.tags.items()
                if k.startswith("prunebench.array.")]
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not any(cache.glob(f"recovery/*/{CHECKPOINT}")):
-        assert queued(env) and time.monotonic() < deadline, "the job ended without writing a recovery checkpoint"
-        time.sleep(0.05)
-    subprocess.run(["scontrol", "requeue", task], env=env, check=True)
+    job = hold_at_first_checkpoint(store, cache, env)
+    try:
+        subprocess.run(["scontrol", "requeue", task], env=env, check=True)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not signalled(job):
+            assert time.monotonic() < deadline, "SLURM never signalled the requeued job"
+            time.sleep(0.05)
+    finally:
+        if Path(f"/proc/{job}").exists():
+            os.kill(job, signal.SIGCONT)
     wait_for_empty_queue(env, [task])
 
     runs = {r.info.status: r for r in job_runs(store)}
