@@ -5,8 +5,10 @@ per-document predictions."""
 from __future__ import annotations
 
 import json
+import math
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import binomtest
@@ -265,3 +267,87 @@ def test_compare_takes_a_recovered_run_or_sweep_with_its_unrecovered_counterpart
     assert compare_main([tuned["none"], tuned["lora_0.3"]]) in (0, 1, 2)
     out = capsys.readouterr().out
     assert "| magnitude |" not in out and "| tiny-llama | none | 0 | local_mc |" in out
+
+
+def pooled_rise(reference: list[tuple[float, int]], candidate: list[tuple[float, int]]) -> dict:
+    """The perplexity verdict's numbers by hand: each side's exp(sum NLL / sum tokens), the rise in
+    percent, and over the verdicts' 10,000 seeded resamples of the windows (seed 1234) the 2.5 / 97.5
+    percentiles of the rise and p = 2 (1 + resamples on the far side of 0) / 10,001."""
+    ref, new = np.array(reference, dtype=float), np.array(candidate, dtype=float)
+    ppl = [math.exp(side[:, 0].sum() / side[:, 1].sum()) for side in (ref, new)]
+    index = np.random.default_rng(1234).integers(0, len(ref), (10_000, len(ref)))
+    rises = [100 * (math.exp(new[i, 0].sum() / new[i, 1].sum()) / math.exp(ref[i, 0].sum() / ref[i, 1].sum()) - 1)
+             for i in index]
+    far = min(sum(r <= 0 for r in rises), sum(r >= 0 for r in rises))
+    return {"reference": ppl[0], "candidate": ppl[1], "diff": 100 * (ppl[1] / ppl[0] - 1),
+            "ci_low": np.percentile(rises, 2.5), "ci_high": np.percentile(rises, 97.5),
+            "p": min(1.0, 2 * (1 + far) / 10_001), "tokens": int(ref[:, 1].sum())}
+
+
+def test_perplexity_gets_a_verdict_against_dense_and_against_the_unrecovered_run(store, tmp_path, monkeypatch):
+    """Issue 51's shape on tiny-llama: magnitude at 90% raises WikiText-2 perplexity (lost against
+    dense at a 1% tolerance), a LoRA recovery on the test text lowers it below the unrecovered
+    model's; both verdicts re-derived here from the windows' logged (NLL, tokens)."""
+    from prunebench.report.paper import paired_with
+    from prunebench.report.predictions import Predictions
+    from test_perplexity import ARTICLE
+    from test_recovery import recovery_overrides
+
+    monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "wikitext2").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "wikitext2" / f"wiki.{split}.raw").write_text(ARTICLE.replace("III", split) * 10)
+    text = tmp_path / "recovery.txt"
+    text.write_text(ARTICLE * 40)
+    base = ["model=tiny-llama", "task=wikitext2_ppl", f"++data_dir={tmp_path}", "trainer.enable_progress_bar=false"]
+    pruned = [*base, "task.tasks.wikitext2_ppl.seq_len=32", "pruner=magnitude", "sparsity=0.9"]
+    for overrides in (pruned, [*pruned, *recovery_overrides(text, "recovery.max_steps=4", "recovery.lr=1e-2")]):
+        run(compose_cfg(overrides), overrides, sweep_parent(store))  # the first also runs the dense baseline
+    other_windows = [*base, "task.tasks.wikitext2_ppl.seq_len=16", "pruner=none"]
+    run(compose_cfg(other_windows), other_windows, sweep_parent(store))
+    mlflow.set_tracking_uri(store)
+    out = tmp_path / "rep"
+    assert report_main(["--all", "--out", str(out), "--layout", "paper", "--max-drop", "1"]) == 0
+
+    runs = load_runs("prunebench")
+    windows = {}
+    for _, r in runs.iterrows():
+        path = mlflow.artifacts.download_artifacts(run_id=r.run_id, artifact_path="predictions/wikitext2_ppl.jsonl")
+        windows[r.run_id] = {w["window"]: (w["nll"], w["tokens"]) for w in map(json.loads, open(path))}
+    lengths = {run_id: {t for _, t in w.values()} for run_id, w in windows.items()}
+    dense = runs[(runs["tags.prunebench.pruner"] == "none") & runs.run_id.map(lambda i: lengths[i] == {31})]
+    plain = runs[(runs["tags.prunebench.pruner"] == "magnitude") & runs["tags.prunebench.recovery"].isna()]
+    tuned = runs[runs["tags.prunebench.recovery"] == "lora"]
+    dense_id, plain_id, tuned_id = (side.run_id.iloc[0] for side in (dense, plain, tuned))
+
+    def agrees(row, reference_id: str, candidate_id: str):
+        ids = sorted(windows[reference_id])
+        expected = pooled_rise([windows[reference_id][i] for i in ids], [windows[candidate_id][i] for i in ids])
+        assert (row["docs"], row["tokens"], row["metric"], row["test"]) == (len(ids), expected["tokens"], "ppl",
+                                                                  "paired bootstrap (ppl)")
+        # the same sums and draws in another order of operations: only float rounding can differ
+        for key in ("reference", "candidate", "diff", "ci_low", "ci_high", "p"):
+            assert row[key] == pytest.approx(expected[key], rel=1e-9), key
+
+    judged = pd.read_csv(out / "verdicts.csv", keep_default_na=False).set_index("run_id")
+    assert set(judged.index) == {plain_id, tuned_id}
+    agrees(judged.loc[plain_id], dense_id, plain_id)
+    # 90% of a random model's weights gone: a rise clearly past 1%, its interval's lower end too
+    assert judged.loc[plain_id].ci_low > 1 and judged.loc[plain_id].verdict == "lost"
+    untuned = pd.read_csv(out / "verdicts_tune.csv", keep_default_na=False).iloc[0]
+    agrees(untuned, plain_id, tuned_id)
+    # the recovery lowers perplexity below the unrecovered model's, the whole interval below 0: kept
+    assert untuned["ci_high"] < 0 and untuned["verdict"] == "kept" and len(pd.read_csv(out / "verdicts_tune.csv")) == 1
+    paper = pd.read_csv(out / "paper.csv", keep_default_na=False)
+    assert list(paper["vs untuned"][paper.tune == "w/ tune (lora)"]) == ["kept"]
+    text = (out / "paper.md").read_text()
+    assert "tolerance 1 points, a 1% rise for perplexity (diff in %)" in text and "| docs | tokens |" in text
+    assert "## Flips" not in text  # no window is right or wrong
+
+    # runs of other windows: the same ids (0, 1, ...) but 15 tokens each, not 31, are never paired
+    short = runs[runs.run_id.map(lambda i: lengths[i] == {15})].run_id.iloc[0]
+    assert set(windows[short]) & set(windows[dense_id])
+    results = task_results(runs)
+    row = results[results.run_id == plain_id].iloc[0]
+    assert paired_with(row, short, Predictions()) is None
+    assert paired_with(row, dense_id, Predictions())[1] == "ppl"

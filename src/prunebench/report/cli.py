@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                              "stability; paper.md/.csv/.tex), flips and McNemar tests against the dense run and "
                              "between rows (flips.csv, comparisons.csv) and paper.png")
     parser.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
-                        help="paper layout: the tolerance of the verdicts against the dense run (default 1.0 point)")
+                        help="paper layout: the tolerance of the verdicts against the dense run (default 1.0 point; "
+                             "for a perplexity, a rise of that many percent)")
     parser.add_argument("--correction", choices=CORRECTIONS, default="holm",
                         help="paper layout: how the verdicts' p-values are adjusted across the report (default holm)")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")

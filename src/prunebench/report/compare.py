@@ -19,10 +19,11 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 
 from prunebench.report.build import latest_sweep
-from prunebench.report.paper import ROW_KEYS, labels, scale, task_results, tunes, without_recovery_seed
+from prunebench.report.paper import (ROW_KEYS, judge, labels, task_results, tolerance, tunes,
+                                     without_recovery_seed)
 from prunebench.report.predictions import Predictions, task_data
 from prunebench.report.table import UNRECOVERED, load_runs, to_markdown
-from prunebench.report.verdicts import CORRECTIONS, compare, exit_code, paired, with_adjusted
+from prunebench.report.verdicts import CORRECTIONS, exit_code, paired, with_adjusted
 from prunebench.tracking.store import missing_store, tracking_uri
 
 NOT_FOUND, USAGE = 3, 64
@@ -108,7 +109,7 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
             read = [", ".join(f"{name}@{digest[:8]}" for digest, name in sorted(d.items())) or "the hub" for d in data]
             notes.append(f"{r.task}: not compared, A and B read other data (A: {read[0]}; B: {read[1]})")
             continue
-        docs = [predictions.correct(r[f"run_id_{side}"], r.task, r.metric) for side in "ab"]
+        docs = [predictions.values(r[f"run_id_{side}"], r.task, r.metric) for side in "ab"]
         if None in docs:
             continue
         ref, new = paired(docs[0][1], docs[1][1])
@@ -120,10 +121,10 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
         row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
                **({"tune": tuned[r.recovery]} if tuned else {})} if sweeps else {}
         rows.append({**row, "task": r.task, "metric": docs[0][0],
-                     **compare(ref, new, scale(pd.Series(ref + new)), max_drop)})
+                     **judge(ref, new, max_drop)})
     if not rows:
         raise NotFound("; ".join(notes) if notes else
-                       "no paired task has per-document values (perplexity and corpus metrics such as MCC have none)")
+                       "no paired task has per-document values (corpus metrics such as MCC have none)")
     return with_adjusted(rows, correction), said
 
 
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", help="the reference: a run id, a sweep's parent run id, or 'latest'")
     parser.add_argument("b", help="the candidate, compared with A: a run id, a sweep's parent run id, or 'latest'")
     parser.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
-                        help="the drop from A that still counts as kept (default 1.0 point)")
+                        help="the drop from A that still counts as kept (default 1.0 point; for a perplexity, "
+                             "a rise of that many percent)")
     parser.add_argument("--correction", choices=CORRECTIONS, default="holm",
                         help="how the p-values are adjusted across the comparisons (default holm)")
     parser.add_argument("--experiment", default="prunebench", help="where 'latest' looks (default prunebench)")
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-compare: {note}", file=sys.stderr)
     name = "Holm" if args.correction == "holm" else "Benjamini-Hochberg"
     print(f"B ({args.b}) against A ({args.a}): points, 95% intervals, p adjusted by {name} across "
-          f"{len(table)} comparisons, tolerance {args.max_drop:g} points" + (f"\nrecovery: {recovered}" if recovered else "")
+          f"{len(table)} comparisons, {tolerance(table, args.max_drop)}" + (f"\nrecovery: {recovered}" if recovered else "")
           + "\n")
     print(to_markdown(table))
     code = exit_code(table.verdict.tolist())

@@ -38,7 +38,8 @@ from prunebench.report.suites import POOLED
 from prunebench.report.table import (CSV_FLOATS, DIFFERS, RECOVERY_PREFIXES, SETTING, UNRECOVERED, dense_first,
                                      differences, documents, recipe_labels, recovery_config, results_table,
                                      to_markdown, withheld_note)
-from prunebench.report.verdicts import COLUMNS, compare, mcnemar, overall, paired, with_adjusted
+from prunebench.report.verdicts import (COLUMNS, compare, compare_perplexity, mcnemar, overall, paired,
+                                        with_adjusted)
 
 # what varies between the runs of one row: the seed, and what it draws (MoP's released sequence)
 SEED_KEYS = ("seed", "pruner.seed", "calib.seed", "recovery.seed", "pruner.sequence")
@@ -238,23 +239,27 @@ def to_latex(table: pd.DataFrame, caption: str = "") -> str:
 
 
 def paired_with(r, reference_run: str, predictions: Predictions):
-    """(row r, metric counted, the reference run's values, r's values) on the documents both have, by
-    id; None when either run has no per-document values of r's task (perplexity, a regression)."""
-    mine = predictions.correct(r.run_id, r.task, r.metric)
-    reference = predictions.correct(reference_run, r.task, r.metric)
+    """(row r, metric counted, the reference run's values, r's values) on the documents (a perplexity's
+    windows) both have, by id; None when either run has no per-document values of r's task (a
+    regression, a corpus metric) or they share none."""
+    mine = predictions.values(r.run_id, r.task, r.metric)
+    reference = predictions.values(reference_run, r.task, r.metric)
     if mine is None or reference is None:
         return None
-    return (r, mine[0], *paired(reference[1], mine[1]))
+    ref, new = paired(reference[1], mine[1])
+    return (r, mine[0], ref, new) if ref else None
 
 
 def dense_pairs(results: pd.DataFrame, predictions: Predictions):
     """(pruned row, metric counted, dense values, pruned values) per pruned run and task, the
     documents paired by id with the dense run of the same setting and task; a task without
-    per-document values (perplexity, a regression) yields nothing."""
+    per-document values (a regression) yields nothing."""
     dense = results[results.pruner == "none"]
     for _, r in results[results.pruner != "none"].iterrows():
         base = dense[(dense[SETTING] == r[SETTING]) & (dense.task == r.task)]
-        if not base.empty and (pair := paired_with(r, base.run_id.iloc[0], predictions)):
+        # the first dense run sharing documents: of several (a perplexity at another seq_len), the one
+        # whose windows are r's
+        if pair := next(filter(None, (paired_with(r, run_id, predictions) for run_id in base.run_id)), None):
             yield pair
 
 
@@ -263,6 +268,8 @@ def flips(results: pd.DataFrame, predictions: Predictions) -> pd.DataFrame:
     named = labels(results)
     rows = []
     for r, metric, ref, new in dense_pairs(results, predictions):
+        if isinstance(ref[0], tuple):  # a perplexity's windows: none is right or wrong, so none flips
+            continue
         lost, gained, p = mcnemar(ref, new)
         rows.append({SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
                      "recovery": r.recovery, "seed": r.seed,
@@ -325,13 +332,22 @@ def untuned_pairs(results: pd.DataFrame, predictions: Predictions):
             yield pair
 
 
+def judge(reference: list, candidate: list, max_drop: float) -> dict:
+    """The verdict row of paired values (report/verdicts.py): a perplexity's windows, (NLL, tokens)
+    each, by their pooled perplexity's relative rise; per-document values in points."""
+    if reference and isinstance(reference[0], tuple):
+        return compare_perplexity(reference, candidate, max_drop)
+    return compare(reference, candidate, scale(pd.Series(reference + candidate)), max_drop)
+
+
 def verdicts(results: pd.DataFrame, pairs, max_drop: float = 1.0, correction: str = "holm") -> pd.DataFrame:
     """A verdict per (row, metric, reference values, candidate values) of `pairs` (report/verdicts.py),
-    p adjusted across them; tasks without per-document values are left out, as from the flips."""
+    p adjusted across them (perplexities and accuracies one family); tasks without per-document
+    values are left out, as from the flips."""
     named = labels(results)
     rows = [{SETTING: r[SETTING], "model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
              "recovery": r.recovery, "seed": r.seed, "task": r.task, "metric": metric,
-             **compare(ref, new, scale(pd.Series(ref + new)), max_drop), "run_id": r.run_id}
+             **judge(ref, new, max_drop), "run_id": r.run_id}
             for r, metric, ref, new in pairs]
     table = with_adjusted(rows, correction)
     if table.empty:
@@ -350,6 +366,13 @@ def untuned_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: 
     """Every recovered run x task against its unrecovered counterpart (`untuned_pairs`): `kept`, the
     recovery lost no more than max_drop points; `lost`, it cost more; the gain is `diff` and its interval."""
     return verdicts(results, untuned_pairs(results, predictions), max_drop, correction)
+
+
+def tolerance(judged: pd.DataFrame, max_drop: float) -> str:
+    """The tolerance as a verdicts section's heading says it: points, and a perplexity's relative rise
+    in percent (its `diff`) where a perplexity was judged."""
+    said = f"tolerance {max_drop:g} points"
+    return said + (f", a {max_drop:g}% rise for perplexity (diff in %)" if "tokens" in judged else "")
 
 
 def figure(table: pd.DataFrame, levels: dict[tuple[str, str], float]):
@@ -433,13 +456,13 @@ def write_paper(runs: pd.DataFrame, out: Path, max_drop: float = 1.0, correction
     if not judged.empty:
         shown_judged = judged.drop(columns=([] if several else [SETTING]) + ["run_id"]
                                    + (["seed"] if judged.seed.nunique() == 1 else []))
-        sections.append(f"## Verdicts against the dense run (tolerance {max_drop:g} points; p adjusted by {name} "
+        sections.append(f"## Verdicts against the dense run ({tolerance(judged, max_drop)}; p adjusted by {name} "
                         f"across the {len(judged)} comparisons)\n\n{to_markdown(shown_judged)}")
     if not untuned.empty:
         shown_untuned = untuned.drop(columns=([] if several else [SETTING]) + ["run_id"]
                                      + (["seed"] if untuned.seed.nunique() == 1 else []))
         sections.append(f"## Verdicts against the unrecovered run (w/ tune against w/o tune on the same documents; "
-                        f"tolerance {max_drop:g} points; p adjusted by {name} across the {len(untuned)} comparisons)"
+                        f"{tolerance(untuned, max_drop)}; p adjusted by {name} across the {len(untuned)} comparisons)"
                         f"\n\n{to_markdown(shown_untuned)}")
     if not calibrated.empty:
         sections.append("## Calibration: across draws and sources (mean ± std [95% t-interval over draws])\n\n"

@@ -1,5 +1,6 @@
 """Per-document results a report reads back from the `predictions/<task>.jsonl` artifacts jobs log:
-correctness for the paired tests of the paper layout, the number of choices for chance levels."""
+correctness for the paired tests of the paper layout (a perplexity's windows for its verdicts), the
+number of choices for chance levels."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ class Predictions:
             else:
                 self.cache[key] = None
         return self.cache[key]
+
+    def values(self, run_id: str, task: str, metric: str) -> tuple[str, dict] | None:
+        """What a verdict pairs: `correct`'s per-document values, else a perplexity's windows, (metric,
+        {window: (NLL, tokens)}), which no document's correctness describes but whose pooled perplexity
+        a paired bootstrap compares (report/verdicts.py `compare_perplexity`); None with neither."""
+        if (found := self.correct(run_id, task, metric)) is not None:
+            return found
+        records = read_predictions(run_id, task)
+        if records and "window" in records[0]:
+            return metric, {r["window"]: (r["nll"], r["tokens"]) for r in records}
+        return None
 
 
 def chance_level(run_id: str, task: str) -> float | None:

@@ -14,7 +14,10 @@ Hochberg as `bh`), and a verdict against the tolerance `max_drop` (points):
   5%, 80% power) and the documents at which the interval would exclude -max_drop, were the
   difference and its spread what they are now.
 The verdict reads the unadjusted interval (the tolerance is a margin, not a null hypothesis); the
-adjusted p says which differences from the reference survive the whole sweep's multiplicity."""
+adjusted p says which differences from the reference survive the whole sweep's multiplicity.
+A perplexity (windows, no document right or wrong) is compared by its pooled perplexity instead:
+the relative rise in percent, a paired bootstrap interval and p over the windows, max_drop read as a
+rise in percent (`compare_perplexity`), its p adjusted in the same family."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import math
 import numpy as np
 import pandas as pd
 from scipy.stats import binomtest, false_discovery_control, norm
+
+from prunebench.tracking.stability import STATISTICS, resample
 
 
 CORRECTIONS = ("holm", "bh")
@@ -43,8 +48,11 @@ def mcnemar(a: list[float], b: list[float]) -> tuple[int, int, float]:
     return only_a, only_b, (binomtest(only_a, n, 0.5).pvalue if n else 1.0)
 
 
-def paired(first: dict, second: dict) -> tuple[list[float], list[float]]:
-    docs = sorted(set(first) & set(second))
+def paired(first: dict, second: dict) -> tuple[list, list]:
+    """The values of the documents both have, by id; a perplexity's windows ((NLL, tokens)) by id and
+    token count, since window i of another length (another seq_len) is another window."""
+    docs = [d for d in sorted(set(first) & set(second))
+            if not isinstance(first[d], tuple) or first[d][1] == second[d][1]]
     return [first[d] for d in docs], [second[d] for d in docs]
 
 
@@ -96,15 +104,13 @@ def spread(reference: list[float], candidate: list[float], factor: float) -> tup
     return float(d.mean()), sd / math.sqrt(n), n
 
 
-def compare(reference: list[float], candidate: list[float], factor: float, max_drop: float) -> dict:
-    """The row of one comparison (documents paired by id already), p not yet adjusted. `kept` needs
-    the interval above -max_drop and a minimum detectable difference within max_drop: what the data
-    cannot detect is not called kept."""
-    d = (np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)) * factor
-    n, mean = len(d), float(d.mean())
-    centre, se, effective = spread(reference, candidate, factor)
+def decide(centre: float, low: float, high: float, se: float, n: int, effective: float, max_drop: float
+           ) -> dict:
+    """The minimum detectable difference, the documents that would settle it and the verdict, for a
+    difference where higher is better (a perplexity's rise enters negated). `kept` needs the interval
+    above -max_drop and a minimum detectable difference within max_drop: what the data cannot detect
+    is not called kept."""
     z, z_power = norm.ppf(1 - (1 - LEVEL) / 2), norm.ppf(POWER)
-    low, high = centre - z * se, centre + z * se
     mdd = (z + z_power) * se
     verdict = ("kept" if low > -max_drop and mdd <= max_drop else "lost" if high < -max_drop
                else "inconclusive")
@@ -114,16 +120,53 @@ def compare(reference: list[float], candidate: list[float], factor: float, max_d
     needed = max((z * se) ** 2 * effective / gap ** 2 if gap > 0 else math.inf,
                  ((z + z_power) * se) ** 2 * effective / max_drop ** 2 if max_drop > 0 else math.inf)
     settle = math.ceil(needed - (effective - n)) if verdict == "inconclusive" else n
+    return {"mdd": mdd, "docs_to_settle": settle, "verdict": verdict}
+
+
+def compare(reference: list[float], candidate: list[float], factor: float, max_drop: float) -> dict:
+    """The row of one comparison (documents paired by id already), p not yet adjusted."""
+    d = (np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)) * factor
+    n, mean = len(d), float(d.mean())
+    centre, se, effective = spread(reference, candidate, factor)
+    z = norm.ppf(1 - (1 - LEVEL) / 2)
+    low, high = centre - z * se, centre + z * se
     test, p = paired_test(reference, candidate)
     return {"docs": n, "reference": float(np.mean(reference)) * factor, "candidate": float(np.mean(candidate)) * factor,
             "diff": mean, "ci_low": low, "ci_high": high, "test": test, "p": p,
-            "mdd": mdd, "docs_to_settle": settle, "verdict": verdict}
+            **decide(centre, low, high, se, n, effective, max_drop)}
+
+
+def compare_perplexity(reference: list[tuple[float, int]], candidate: list[tuple[float, int]], max_drop: float
+                       ) -> dict:
+    """The row of one perplexity comparison, over windows paired already ((NLL, tokens) each): the
+    pooled perplexity exp(sum NLL / sum tokens) of each side, `diff` the candidate's relative rise over
+    the reference in percent (lower is better: a loss of quality is a rise), its 95% percentile
+    interval and a two-sided p from the paired bootstrap of the windows (`tracking.stability.resample`,
+    seeded), p = 2 x (1 + the resamples on the far side of 0) / (draws + 1), capped at 1. `max_drop`
+    reads as a relative rise in percent, and the verdict is `compare`'s on the rise negated: `kept`,
+    the interval's upper end below +max_drop and the detectable rise within it; `lost`, its lower end
+    above +max_drop. The minimum detectable rise takes the resampled rises' sd as the standard error
+    (a window's NLL and tokens do not split into per-document differences)."""
+    num, den = resample(candidate, reference, "weighted_perplexity", BOOTSTRAP_DRAWS, np.random.default_rng(SEED))
+    rises = 100 * (num / den - 1)
+    pooled = [float(STATISTICS["weighted_perplexity"](np.asarray([side], dtype=float))[0])
+              for side in (reference, candidate)]
+    diff = 100 * (pooled[1] / pooled[0] - 1)
+    low, high = map(float, np.percentile(rises, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2]))
+    far = min(int((rises <= 0).sum()), int((rises >= 0).sum()))
+    n = len(reference)
+    return {"docs": n, "tokens": int(sum(tokens for _, tokens in reference)), "reference": pooled[0],
+            "candidate": pooled[1], "diff": diff, "ci_low": low, "ci_high": high, "test": "paired bootstrap (ppl)",
+            "p": min(1.0, 2 * (1 + far) / (BOOTSTRAP_DRAWS + 1)),
+            **decide(-diff, -high, -low, float(rises.std(ddof=1)), n, n, max_drop)}
 
 
 def with_adjusted(rows: list[dict], correction: str) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if table.empty:
         return table
+    if "tokens" in table:  # a perplexity's windows: the tokens they hold, beside their count
+        table.insert(table.columns.get_loc("docs") + 1, "tokens", table.pop("tokens").astype("Int64"))
     table.insert(table.columns.get_loc("p") + 1, "p_adj", adjust(table.p.tolist(), correction))
     return table
 

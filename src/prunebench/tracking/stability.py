@@ -64,6 +64,17 @@ def stability(pruned: dict[str, float], dense: dict[str, float], lower_is_better
     return out, excluded
 
 
+def resample(pruned: list, dense: list, statistic: str, draws: int, rng: np.random.Generator
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(the pruned side's number, the dense side's) on each of `draws` resamples of the documents,
+    each drawn with both its values (paired); `pruned[i]` and `dense[i]` are one document's values,
+    `statistic` a name in STATISTICS. Shared by the stability intervals and the report's perplexity
+    verdicts (report/verdicts.py), so both resample alike."""
+    p, d = np.asarray(pruned, dtype=float), np.asarray(dense, dtype=float)
+    index = rng.integers(0, len(p), (draws, len(p)))
+    return STATISTICS[statistic](p[index]), STATISTICS[statistic](d[index])
+
+
 def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: list[str],
                      lower_is_better: frozenset[str] = frozenset(), statistics: dict[str, str] | None = None,
                      draws: int = BOOTSTRAP_ITERS, level: float = 0.95, seed: int = 1234) -> dict[str, float]:
@@ -89,11 +100,8 @@ def paired_bootstrap(pruned: dict[str, dict], dense: dict[str, dict], tasks: lis
         docs = sorted(set(pruned.get(task, {})) & set(dense.get(task, {})), key=str)
         if not docs:
             continue
-        p = np.array([pruned[task][d] for d in docs], dtype=float)
-        d = np.array([dense[task][d] for d in docs], dtype=float)
-        index = rng.integers(0, len(docs), (draws, len(docs)))
-        statistic = STATISTICS[(statistics or {}).get(task, "mean")]
-        num, den = statistic(p[index]), statistic(d[index])
+        num, den = resample([pruned[task][d] for d in docs], [dense[task][d] for d in docs],
+                            (statistics or {}).get(task, "mean"), draws, rng)
         if task in lower_is_better:
             num, den = den, num
         with np.errstate(divide="ignore", invalid="ignore"):
