@@ -30,8 +30,8 @@ if WORKERS > 1:
 # the longest modules first, longest to shortest (--durations, 2026-12-02: a SLURM cluster's sweeps,
 # a tracking server's, the real-model conformance runs, the presets' grids...), so that no long one is
 # the last still running on one worker while the other idles (make test keeps this order)
-FIRST = ("test_slurm.py", "test_server.py", "test_lm_eval_tasks.py", "test_presets.py", "test_sweep.py",
-         "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py")
+FIRST = ("test_slurm.py", "test_server.py", "test_lm_eval_tasks.py", "test_preset_jobs.py", "test_presets.py",
+         "test_sweep.py", "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py")
 
 
 # modules whose every test starts a server (MLflow's, PostgreSQL, a judge's or a package index's over

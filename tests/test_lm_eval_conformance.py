@@ -38,10 +38,21 @@ def our_requests(task) -> list[list[tuple[str, str]]]:
     return [list(zip(i.contexts, i.continuations)) for i in task.instances()]
 
 
-def test_requests_equal_lm_evals_on_every_task(tmp_path):
-    tasks = our_tasks(f"data_dir={RELEASE}")
-    reference = reference_tasks(tasks, tmp_path)
-    for name, task in tasks.items():
+@pytest.fixture(scope="module")
+def release() -> dict:
+    """Our seven tasks on the release-format fixtures, built once: a task does not depend on the model."""
+    return our_tasks(f"data_dir={RELEASE}")
+
+
+@pytest.fixture(scope="module")
+def reference(release, tmp_path_factory) -> dict:
+    """lm-eval's seven tasks over the same documents, loaded once for the module (loading their datasets
+    is most of a test's time): lm-eval's evaluate builds a task's requests afresh on every call."""
+    return reference_tasks(release, tmp_path_factory.mktemp("reference"))
+
+
+def test_requests_equal_lm_evals_on_every_task(release, reference):
+    for name, task in release.items():
         assert our_requests(task) == reference_requests(reference[name]), name
 
 
@@ -66,20 +77,19 @@ def our_records(loaded, task, add_bos=None, limit=None, numerics="fast", lm_eval
 
 @pytest.mark.parametrize(("add_bos", "max_length"), [(None, None), (False, None), (None, 96)],
                          ids=["tokenizer-bos", "no-bos", "left-truncated"])
-def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos, max_length):
+def test_loglikelihoods_equal_lm_evals_hf_backend(release, reference, add_bos, max_length):
     from lm_eval.models.huggingface import HFLM
 
     loaded = get_model(compose_cfg(TINY).model)
     # 96: longer than every fixture continuation (lm-eval asserts that), shorter than many contexts
     loaded.max_length = max_length or loaded.max_length
-    tasks = our_tasks(f"data_dir={RELEASE}")
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, add_bos_token=add_bos,
               max_length=loaded.max_length)
-    reference = reference_samples(lm, reference_tasks(tasks, tmp_path))
-    for name, task in tasks.items():
+    samples = reference_samples(lm, reference)
+    for name, task in release.items():
         ours = our_records(loaded, task, add_bos)
-        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]], name
-        for mine, theirs in zip(ours, reference[name]):
+        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in samples[name]], name
+        for mine, theirs in zip(ours, samples[name]):
             # lm-eval batches and pads differently: the same sums reordered, tiny-llama's 2 layers
             assert mine["loglikelihoods"] == close_to(theirs["loglikelihoods"], depth=2), name
             for metric in task.metrics:
@@ -87,7 +97,7 @@ def test_loglikelihoods_equal_lm_evals_hf_backend(tmp_path, add_bos, max_length)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_lm_eval_numerics_give_lm_evals_numbers_bit_for_bit(tmp_path, dtype):
+def test_lm_eval_numerics_give_lm_evals_numbers_bit_for_bit(release, reference, dtype):
     """eval.numerics=lm_eval with lm-eval's batch size: every log-likelihood is lm-eval's own
     float in bf16, so every metric and tie is too. In fp32 within 1-2 ulps: the same shapes in the
     same order still came out 1 ulp apart once (CommonsenseQA, 9.5e-7 at -12.2), which fp32 CPU GEMM
@@ -95,13 +105,12 @@ def test_lm_eval_numerics_give_lm_evals_numbers_bit_for_bit(tmp_path, dtype):
     from lm_eval.models.huggingface import HFLM
 
     loaded = get_model(compose_cfg([*TINY, f"model.dtype={dtype}"]).model)
-    tasks = our_tasks(f"data_dir={RELEASE}")
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=3, max_length=loaded.max_length)
-    reference = reference_samples(lm, reference_tasks(tasks, tmp_path))
-    for name, task in tasks.items():
+    samples = reference_samples(lm, reference)
+    for name, task in release.items():
         ours = our_records(loaded, task, numerics="lm_eval", lm_eval_batch_size=3)
-        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in reference[name]], name
-        for mine, theirs in zip(ours, reference[name]):
+        assert [r["doc_id"] for r in ours] == [s["doc_id"] for s in samples[name]], name
+        for mine, theirs in zip(ours, samples[name]):
             want = theirs["loglikelihoods"] if dtype == "bfloat16" else close_to(theirs["loglikelihoods"], depth=1)
             assert mine["loglikelihoods"] == want, (name, mine["doc_id"])
             assert all(mine[m] == theirs[m] for m in task.metrics), (name, mine["doc_id"])
@@ -137,7 +146,7 @@ LM_EVAL_YAML = {"arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_chall
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_our_hand_written_task_is_lm_evals_installed_yaml(name):
+def test_our_hand_written_task_is_lm_evals_installed_yaml(name, release):
     """One definition of each task: ours (kept for what lm-eval lacks: OpenCompass's version beside it,
     calib=task) states lm-eval 0.4.13's hub id, config name, split, prompt, choices and target; a field
     lm-eval gives as a Python function is compared by what both functions return on the fixtures."""
@@ -150,7 +159,7 @@ def test_our_hand_written_task_is_lm_evals_installed_yaml(name):
     ours = compose_cfg([*TINY, f"task={name}"]).task.tasks[name]
     assert (ours.source.hub, ours.source.get("name"), ours.source.split) == \
            (theirs["dataset_path"], theirs.get("dataset_name"), theirs.get("test_split") or theirs["validation_split"])
-    task = our_tasks(f"data_dir={RELEASE}")[name]
+    task = release[name]
     for field in ("doc_to_text", "doc_to_target", "doc_to_choice"):
         if callable(theirs[field]):
             for doc in task.source.load():

@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,11 +189,14 @@ def test_mmlu_group_of_two_subjects_5_shot_weighted_by_size(loaded, data_files, 
                         "task.num_fewshot=5").values()
     assert sorted(task.leaves) == ["mmlu_abstract_algebra", "mmlu_anatomy"]
     ours, records, module = run_ours(loaded, task)
+    import lm_eval.tasks
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(tmp_path))
+    # lm-eval's own MMLU definitions and the user's group, without indexing its other 15 000 YAML files
+    mmlu = Path(lm_eval.tasks.__file__).parent / "mmlu" / "default"
+    manager = TaskManager(include_defaults=False, include_path=[str(tmp_path), str(mmlu)])
     manager._factory = local_factory(LocalData(data_files=files, num_fewshot=5), manager.metadata)
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
     out = simple_evaluate(model=lm, tasks=["mmlu_two"], task_manager=manager, num_fewshot=5,

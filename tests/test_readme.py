@@ -1,6 +1,7 @@
 """The README runs as written: every command of its ```bash blocks, split into arguments by bash
 itself (its quoting is part of what is tested), with tiny models substituted for real ones and
-small limits. Local multiple-choice runs are real runs; the others compose, validate and plan every
+small limits. Local multiple-choice runs are real runs (composed and run in this process, as the
+CLI's thin app does: the process is not what is tested); the others compose, validate and plan every
 job (`prunebench-plan`, which loads no model), since their models, data or cluster are not here.
 The Python block and the UI filter example run against the store those runs wrote."""
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 
 from conftest import MC_FIXTURE, compose_cfg
+from prunebench import job
 from prunebench.export.cli import main as export_main
 from prunebench.plan import main as plan_main
 from prunebench.report.cli import main as report_main
@@ -81,7 +83,8 @@ def readme_commands() -> list[list[str]]:
     return found
 
 
-def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, store, tmp_path, monkeypatch):
+def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, store, tmp_path, monkeypatch,
+                                                              caplog):
     for name in LOCAL_FILES:
         shutil.copy(MC_FIXTURE, tmp_path / name)
     monkeypatch.syspath_prepend(str(MYLAB))
@@ -108,12 +111,12 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
                 status = plan_main([a for a in tiny(arguments) if a != "-m"])
             assert status == 0, (arguments, shown.getvalue()[-3000:])
             planned.append(arguments)
-        else:
-            proc = subprocess.run([sys.executable, "-m", "prunebench", *tiny(arguments)], capture_output=True,
-                                  text=True, timeout=600)
-            assert proc.returncode == 0, (arguments, proc.stderr[-3000:])
+        else:  # the CLI's app hands the composed config to job.run: composed here, in this process
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="prunebench"):
+                job.run(compose_cfg(tiny(arguments)), tiny(arguments))
             # a single run ends by saying what it measured, which run holds it and where the store is
-            assert re.search(r"FINISHED .*avg/score=.* \(run [0-9a-f]{32} in sqlite:", proc.stdout + proc.stderr)
+            assert re.search(r"FINISHED .*avg/score=.* \(run [0-9a-f]{32} in sqlite:", caplog.text), arguments
             ran.append(arguments)
     assert len(ran) >= 2 and len(planned) >= 3 and reports
     for arguments in reports:
