@@ -48,10 +48,12 @@ class Predictions:
         a paired bootstrap compares (report/verdicts.py `compare_perplexity`); None with neither."""
         if (found := self.correct(run_id, task, metric)) is not None:
             return found
-        records = read_predictions(run_id, task)
-        if records and "window" in records[0]:
-            return metric, {r["window"]: (r["nll"], r["tokens"]) for r in records}
-        return None
+        key = (run_id, task, f"{metric} windows")  # read once, as `correct` reads: a run is paired with several
+        if key not in self.cache:
+            records = read_predictions(run_id, task)
+            windows = records and "window" in records[0]
+            self.cache[key] = (metric, {r["window"]: (r["nll"], r["tokens"]) for r in records}) if windows else None
+        return self.cache[key]
 
 
 def chance_level(run_id: str, task: str) -> float | None:
