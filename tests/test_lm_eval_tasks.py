@@ -98,14 +98,21 @@ def run_ours(loaded, task, limit=None, bootstrap=BOOTSTRAP) -> tuple[dict, list[
     return logged, sorted(module.records, key=lambda r: r["doc_id"]), module
 
 
+# lm-eval's folders of the tasks the reference runs load (boolq, rte, lambada_openai, wikitext, gsm8k, mmlu_anatomy)
+REFERENCE_FOLDERS = ("super_glue/boolq", "glue/rte", "lambada", "wikitext", "gsm8k", "mmlu/default")
+
+
 @functools.cache
 def reference_index():
-    """lm-eval's TaskManager over its own task folders, for the reference side (not the bridge's
-    cached one): its index of some 15 000 YAML files takes 6 s to build and holds no state from a
-    load, so one serves every reference run; each run sets its own document factory."""
+    """lm-eval's TaskManager over its own definitions of the tasks the reference side runs (not the
+    bridge's cached index): its folders indexed alone, as evaluation/lm_eval_reference.py does, since the
+    whole tree's some 15 000 YAML files take 6 s; it holds no state from a load, so one serves every
+    reference run, and each run sets its own document factory."""
+    import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    return TaskManager()
+    root = Path(lm_eval.tasks.__file__).parent
+    return TaskManager(include_defaults=False, include_path=[str(root / folder) for folder in REFERENCE_FOLDERS])
 
 
 def run_reference(loaded, names: list, data_files: dict | None, num_fewshot=None, limit=None, data_dir=None) -> dict:
