@@ -218,6 +218,24 @@ def test_dense_run_is_keyed_without_a_seed_it_does_not_use(store):
     assert run_key(compose_cfg(timed + ["seed=0"])) != run_key(compose_cfg(timed + ["seed=1"]))
 
 
+def test_keying_leaves_the_config_as_it_was_its_seed_probed_in_place_or_on_a_copy():
+    """The seed probe sets the job's own config's seed for a moment: after the key, the seed, its
+    interpolation and the config's flags are as they were, and a read-only config still keys."""
+    from omegaconf import OmegaConf
+
+    from prunebench.tracking.run_key import run_key
+
+    cfg = compose_cfg([*TINY_MC, "pruner=random", "sparsity=0.5", "seed=3"])
+    before = OmegaConf.to_yaml(cfg)
+    key = run_key(cfg)
+    assert OmegaConf.to_yaml(cfg) == before and cfg.seed == 3 and OmegaConf.is_struct(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    assert run_key(cfg) == key and OmegaConf.is_readonly(cfg) and cfg.seed == 3
+    written = compose_cfg([*TINY_MC, "pruner=random", "sparsity=0.5", "+base_seed=3", "seed=${base_seed}"])
+    assert run_key(written) != key  # another field, base_seed, is in it
+    assert OmegaConf.to_container(written)["seed"] == "${base_seed}" and written.seed == 3
+
+
 def test_a_failing_dense_baseline_fails_once_and_its_pruned_jobs_name_it(store, monkeypatch):
     import prunebench.job as job
     from prunebench.tracking import store as tracking_store

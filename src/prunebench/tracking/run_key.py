@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
 from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
@@ -41,13 +43,31 @@ def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -
     no part of the identity, so `seed=0,1` evaluates the dense model once."""
     data = fields(cfg, inputs)
     if "seed" in data:
-        other = copy.deepcopy(cfg)
-        with open_dict(other):
-            other.seed = f"{cfg.seed}-probe"  # any other value: what resolves from it changes with it
-        probe = fields(other, inputs)
+        with seed_set(cfg, f"{cfg.seed}-probe") as other:  # any other value: what resolves from it changes with it
+            probe = fields(other, inputs)
         if {k: v for k, v in probe.items() if k != "seed"} == {k: v for k, v in data.items() if k != "seed"}:
             data.pop("seed")
     return data
+
+
+@contextmanager
+def seed_set(cfg: DictConfig, value: str) -> Iterator[DictConfig]:
+    """`cfg` with its root seed set to `value` inside the block and as it was after it: set in place,
+    since a deep copy of a job's config costs as much as resolving it (a plan keys each job twice);
+    a seed written as an interpolation is set on a copy, so that it stays written as it was."""
+    if OmegaConf.is_interpolation(cfg, "seed"):
+        other = copy.deepcopy(cfg)
+        with open_dict(other):
+            other.seed = value
+        yield other
+        return
+    seed = cfg.seed
+    with flag_override(cfg, ["readonly", "struct"], False):
+        cfg.seed = value
+        try:
+            yield cfg
+        finally:
+            cfg.seed = seed
 
 
 def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
