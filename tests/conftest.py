@@ -117,14 +117,19 @@ def store(tmp_path, monkeypatch, first_opened_store):
     """An empty SQLite MLflow store in a temporary working directory: a copy of `first_opened_store`,
     since creating and migrating the tables costs each test about a second. Tests of that first open
     itself, or that no store was made, take `fresh_store`."""
-    shutil.copyfile(first_opened_store, tmp_path / "mlflow.db")
-    return store_in(tmp_path, monkeypatch)
+    return opened_store_in(tmp_path, monkeypatch, first_opened_store)
 
 
 @pytest.fixture
 def fresh_store(tmp_path, monkeypatch):
     """A SQLite MLflow store not yet created, in a temporary working directory."""
     return store_in(tmp_path, monkeypatch)
+
+
+def opened_store_in(folder: Path, monkeypatch, first_opened: Path) -> str:
+    """`store_in` over a copy of `first_opened_store` (for a fixture of a wider scope than `store`)."""
+    shutil.copyfile(first_opened, folder / "mlflow.db")
+    return store_in(folder, monkeypatch)
 
 
 def store_in(folder: Path, monkeypatch) -> str:

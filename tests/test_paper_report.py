@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import mlflow
 import numpy as np
@@ -14,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from conftest import TINY_MC, compose_cfg, store_in
+from conftest import TINY_MC, compose_cfg, opened_store_in
 from prunebench.job import run
 from prunebench.report.cli import main as report_main
 from prunebench.report.paper import mcnemar, paper_table, task_results
@@ -38,14 +37,13 @@ def grid(first_opened_store, tmp_path_factory):
     """Five pruned jobs and their dense baseline in a store of their own, run once for the three tests
     that only read them (their reports go to each test's own folder)."""
     folder = tmp_path_factory.mktemp("grid")
-    shutil.copyfile(first_opened_store, folder / "mlflow.db")
     text = folder / "calib.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     calib = ["calib=file", f"calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"]
     jobs = [["pruner=heads_l2"], ["pruner=heads_random", "seed=0"], ["pruner=heads_random", "seed=1"],
             ["pruner=hies", "pruner.alpha=0.3", *calib], ["pruner=hies", "pruner.alpha=0.7", *calib]]
     with pytest.MonkeyPatch.context() as patch:
-        uri = store_in(folder, patch)
+        uri = opened_store_in(folder, patch, first_opened_store)
         for overrides in jobs:  # the dense baseline runs first
             run(compose_cfg([*TINY_MC, "sparsity=0.5", *overrides]))
         mlflow.set_tracking_uri(uri)
