@@ -97,3 +97,20 @@ def test_gpu_latency_script_runs_every_variant_on_cpu(capsys):
     assert rows[0]["speedup"] == 1.0 and all(r["floor_ratio"] > 0 for r in rows)
     assert rows[-1]["note"] == "no 2:4 sparse kernels on cpu"
     assert "| heads -25% |" in capsys.readouterr().out
+
+
+def test_bandwidth_is_measured_once_per_device_and_thread_count(monkeypatch):
+    from prunebench.bench import environment
+
+    environment.measured_bandwidth.cache_clear()
+    sums = []
+    monkeypatch.setattr(environment, "synchronize", sums.append)  # called once per sum of the buffer
+    cpu = torch.device("cpu")
+    first = environment.read_bandwidth(cpu)
+    assert environment.read_bandwidth(cpu) == first and len(sums) == 6  # one warm-up + 5 timed, once
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert environment.read_bandwidth(cpu) > 0 and len(sums) == 12  # another thread count: measured again
+    finally:
+        torch.set_num_threads(threads)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_MC
-from prunebench import collector
+from prunebench import collector, startup
 from prunebench.startup import skip_gpu_compiler
 
 JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES / 'benchmarks'}", "limit=1",
@@ -81,6 +81,34 @@ def test_triton_is_marked_absent_only_where_no_gpu_could_run_its_kernels(monkeyp
     monkeypatch.setitem(sys.modules, "triton", imported)
     skip_gpu_compiler()
     assert sys.modules["triton"] is imported
+
+
+@pytest.mark.parametrize("nvml", [False, True])
+def test_the_nvml_based_cuda_check_is_dropped_only_where_nvml_cannot_load(monkeypatch, nvml):
+    """Where NVML cannot load, torch's NVML-based check falls back to the count it gives without it:
+    the variable (Lightning's) goes, and no answer changes; where NVML loads, it stays."""
+    def cdll(name):
+        if not nvml:
+            raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    available = torch.cuda.is_available()
+    monkeypatch.setattr(startup.ctypes, "CDLL", cdll)
+    startup.cuda_check_without_nvml()
+    assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == ("1" if nvml else None)
+    assert torch.cuda.is_available() == available
+
+
+def test_a_job_drops_the_check_only_where_this_host_cannot_load_nvml(monkeypatch):
+    import ctypes
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    startup.load_libraries()
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    else:
+        assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
 
 
 class Cycle:

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from prunebench.cache import content_key
 from prunebench.inputs import job_inputs
 from prunebench.tracking import store
-from prunebench.tracking.run_key import dense_config, dense_key, is_dense, run_key
+from prunebench.tracking.run_key import dense_config, is_dense, run_key
 
 DENSE = "(dense baseline)"
 
@@ -158,7 +158,8 @@ def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], Dict
         jobs.append(PlannedJob(overrides, "done" if key in finished[where] else "left",
                                f"{size_class(cfg.model)}/{work_class(cfg, scored)}", note="; ".join(deferred)))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
-            dense.setdefault(dense_key(cfg, inputs), (dense_config(cfg), where, []))[2].append(len(jobs) - 1)
+            baseline = dense_config(cfg)
+            dense.setdefault(run_key(baseline, inputs), (baseline, where, []))[2].append(len(jobs) - 1)
     for key, (cfg, where, serves) in dense.items():
         if key not in by_key:
             jobs.append(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],

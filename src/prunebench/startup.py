@@ -4,6 +4,7 @@ Lightning and transformers are imported. Apart from the job's flow because every
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -49,6 +50,7 @@ def load_libraries() -> None:
         skip_gpu_compiler()
         import lightning.pytorch  # noqa: F401
         import transformers  # noqa: F401
+    cuda_check_without_nvml()
 
     if HydraConfig.initialized() and len(sys.modules) > imported:
         hydra_cfg = HydraConfig.get()
@@ -68,6 +70,21 @@ def skip_gpu_compiler() -> None:
     if not (torch.cuda.is_available() or torch.xpu.is_available()) and sys.modules.setdefault("triton", None) is None:
         # torch's FLOP counter (which Lightning imports) would say so in every job's log
         logging.getLogger("torch.utils.flop_counter").addFilter(no_triton_notice)
+
+
+def cuda_check_without_nvml() -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported, so that torch counts GPUs through
+    NVIDIA's management library (NVML) without initialising CUDA in a process that may fork. On a host
+    without that library (no NVIDIA driver) torch then tries to load it again on every
+    torch.cuda.is_available(), 40 us, and falls back to the count it gives without the variable; torch's
+    FakeTensorMode asks on every operator, some 15% of a FLOPs count (models/flops.py). There the
+    variable changes no answer, only the time, and is removed; a host with the library keeps it."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
+        return
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
 
 
 def no_triton_notice(record: logging.LogRecord) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 
@@ -45,17 +46,26 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def read_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+def read_bandwidth(device: torch.device) -> float:
     """Bytes/s a full read of a buffer larger than the caches achieves (a sum reads each byte once,
-    the access pattern of a weight matrix in a batch-1 decode step); best of `repeats`."""
+    the access pattern of a weight matrix in a batch-1 decode step): the machine's, measured once per
+    process, device and thread count, so a sweep's jobs share one floor as they share the dense
+    model's timing (0.2 s a job on the 2-core test machine)."""
+    return measured_bandwidth(str(device), torch.get_num_threads())
+
+
+@functools.cache
+def measured_bandwidth(device: str, threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """`read_bandwidth` measured: best of `repeats` (`threads`: torch's, which the sum runs on)."""
+    where = torch.device(device)
     n = megabytes * 2**20 // 4
-    buf = torch.ones(n, dtype=torch.float32, device=device)
+    buf = torch.ones(n, dtype=torch.float32, device=where)
     buf.sum()
-    synchronize(device)
+    synchronize(where)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         buf.sum()
-        synchronize(device)
+        synchronize(where)
         best = min(best, time.perf_counter() - start)
     return n * 4 / best
