@@ -148,3 +148,12 @@ def test_an_image_dir_that_cannot_hold_images_is_refused(pictures):
     saved_dataset(pictures, "file")
     with pytest.raises(ValueError, match="image_key='name' is not a column; its columns: \\['image', 'file'\\]"):
         task(pictures, pictures / "saved", image_key="name").check()
+
+
+def test_a_picture_checked_once_is_checked_again_when_it_changes(pictures):
+    """A sweep's jobs read each picture's header once per process; a picture written since is read again."""
+    checked = task(pictures, pictures / "val")
+    checked.check_images()
+    (pictures / "val" / NAMES[1]).write_bytes(b"not a picture")
+    with pytest.raises(ValueError, match=rf"1 image\(s\) cannot be read, first: .*{NAMES[1]} \(not an image PIL"):
+        task(pictures, pictures / "val").check_images()

@@ -1,12 +1,14 @@
 """The report's table holds exactly the metrics MLflow has."""
 
 import json
+import shutil
 
 import mlflow
 import pandas as pd
 import pytest
 
 from conftest import TINY_MC, compose_cfg
+from prunebench.paths import CONF_DIR
 from prunebench.job import run
 from prunebench.report import plots
 from prunebench.report.build import write_report
@@ -58,6 +60,16 @@ def test_suites_are_read_from_the_task_options():
     assert suites["glue_mc"] == [f"{t}_mc" for t in ["sst2", "cola", "mrpc", "qqp", "qnli", "mnli", "mnli_mismatch",
                                                      "rte"]]
     assert "sst2" not in suites and "cola_mc" not in suites  # single-task options are no suites
+
+
+def test_suites_are_composed_again_when_a_task_option_changes(tmp_path):
+    """Composed once per process while the config files stay as they are; a suite written since is read."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    assert "pair" not in suite_members(str(conf))
+    (conf / "task" / "pair.yaml").write_text("defaults:\n  - /task_library@tasks.sst2: sst2\n"
+                                             "  - /task_library@tasks.cola: cola\n  - _self_\nname: pair\n")
+    assert suite_members(str(conf))["pair"] == ["sst2", "cola"]
 
 
 def test_glue_average_across_per_task_checkpoints(glue_dir, store, tmp_path, capsys):

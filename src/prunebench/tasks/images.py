@@ -9,6 +9,7 @@ its pixels are read only when its batch is built (`open_image`)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import zipfile
 from dataclasses import dataclass
@@ -31,7 +32,15 @@ def header_problem(handle, size: int) -> str | None:
 
 
 def file_problem(path: Path) -> str | None:
-    return header_problem(path, path.stat().st_size)
+    """`header_problem` of a file, read once per process while its size and modification time stay:
+    every job of a sweep checks the same thousands of pictures before its model loads."""
+    stat = path.stat()
+    return checked_file(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2**20)  # a reason or None per picture: ~100 bytes each
+def checked_file(path: str, size: int, mtime_ns: int) -> str | None:
+    return header_problem(path, size)
 
 
 class ImageFolder:

@@ -4,6 +4,7 @@ cheaply before any model loads."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -283,6 +284,17 @@ def bigbench_docs(spec: dict) -> list[dict]:
     return docs
 
 
+@functools.cache
+def easy_vqa_split(split: str) -> tuple[dict, ...]:
+    """The installed package's documents, read once per process (its files do not change under it;
+    a plan and each job's checks read them again otherwise)."""
+    import easy_vqa
+
+    questions, answers, image_ids = getattr(easy_vqa, f"get_{split}_questions")()
+    paths = getattr(easy_vqa, f"get_{split}_image_paths")()
+    return tuple({"question": q, "answer": a, "image": paths[i]} for q, a, i in zip(questions, answers, image_ids))
+
+
 class EasyVQASource(DocSource):
     """easy-VQA (PyPI `easy-vqa`, MIT): generated shapes with real questions and answers, installed
     with its PNG images, so a vision-language evaluation runs offline. Documents: question, answer,
@@ -300,11 +312,7 @@ class EasyVQASource(DocSource):
             raise FileNotFoundError("easy_vqa needs the PyPI package easy-vqa (pip install easy-vqa)") from err
 
     def load(self) -> list[dict]:
-        import easy_vqa
-
-        questions, answers, image_ids = getattr(easy_vqa, f"get_{self.split}_questions")()
-        paths = getattr(easy_vqa, f"get_{self.split}_image_paths")()
-        return [{"question": q, "answer": a, "image": paths[i]} for q, a, i in zip(questions, answers, image_ids)]
+        return [dict(doc) for doc in easy_vqa_split(self.split)]
 
     def describe(self) -> str:
         return f"easy_vqa:{self.split}"
