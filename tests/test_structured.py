@@ -58,6 +58,23 @@ def test_flops_per_token_count_every_matmul_with_eager_attention():
     assert model.config._attn_implementation == "sdpa"  # eager only while counting
 
 
+def test_a_count_is_reused_only_for_the_same_architecture(monkeypatch):
+    """Counted once per architecture in a process: a model whose layers or widths were cut is counted
+    again, and every count equals a count made with nothing remembered."""
+    from prunebench.models import flops
+
+    model = decoder(layers=3)
+    counts = [forward_flops(loaded(model), tokens=16)]
+    remove_layers(model, {1})
+    counts.append(forward_flops(loaded(model), tokens=16))
+    WidthPruner().prune(loaded(model), amp_scores(model, [{"input_ids": IDS}]), 0.5)
+    counts.append(forward_flops(loaded(model), tokens=16))
+    assert counts[0] != counts[1] != counts[2] and forward_flops(loaded(model), tokens=16) == counts[2]
+    monkeypatch.setattr(flops, "COUNTED", {})
+    assert forward_flops(loaded(model), tokens=16) == counts[2]
+    assert forward_flops(loaded(decoder(layers=3)), tokens=16) == counts[0]
+
+
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
 def test_removed_layers_run_cache_save_and_reload(model_type, tmp_path):
     model = decoder(model_type)

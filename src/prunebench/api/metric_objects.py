@@ -54,8 +54,9 @@ def bootstrap_stderr(metric: torchmetrics.Metric, preds: torch.Tensor, target: t
     values = []
     for _ in range(BOOTSTRAP_ITERS):
         index = torch.randint(0, n, (n,), generator=generator)
-        metric.reset()
-        values.append(float(metric(preds[index], target[index])))
+        metric.reset()  # update and compute: forward would also keep and merge back an accumulated state
+        metric.update(preds[index], target[index])
+        values.append(float(metric.compute()))
     return float(torch.tensor(values).nan_to_num().std())
 
 

@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from prunebench.cache import content_key
 from prunebench.models.attention import attention_heads, eager_attention
 from prunebench.models.loaded import LoadedModel
 
@@ -27,10 +28,32 @@ def dummy_input(loaded: LoadedModel, tokens: int) -> tuple[dict, str, int]:
     return {"input_ids": torch.zeros((1, tokens), dtype=torch.long, device=device)}, "flops/per_token", tokens
 
 
-@torch.no_grad()
 def forward_flops(loaded: LoadedModel, tokens: int = 128) -> dict[str, float]:
     """FLOPs of one forward pass over `tokens` positions (text, LM head included) divided by
-    `tokens`, or of one image; a vision-language model's positions follow one image's. Values depend on `tokens` through attention, which grows with it."""
+    `tokens`, or of one image; a vision-language model's positions follow one image's. Values depend
+    on `tokens` through attention, which grows with it. Counted once per architecture in a process
+    (`architecture`): every structured job counts its dense model first, the same as the last job's."""
+    key = architecture(loaded, tokens)
+    if key not in COUNTED:
+        COUNTED[key] = counted_flops(loaded, tokens)
+    return dict(COUNTED[key])
+
+
+COUNTED: dict[str, dict[str, float]] = {}
+
+
+def architecture(loaded: LoadedModel, tokens: int) -> str:
+    """What a count depends on: the model's class and config, its modules' types and every
+    parameter's and buffer's name and shape (a pruner's cut shows in them), the family and `tokens`."""
+    model = loaded.model
+    config = model.config.to_json_string() if hasattr(model, "config") and hasattr(model.config, "to_json_string") else ""
+    return content_key([type(model).__qualname__, config, loaded.family, tokens,
+                        [type(m).__qualname__ for m in model.modules()],
+                        [(n, list(t.shape)) for n, t in (*model.named_parameters(), *model.named_buffers())]])
+
+
+@torch.no_grad()
+def counted_flops(loaded: LoadedModel, tokens: int) -> dict[str, float]:
     counter = FlopCounterMode(display=False)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with eager_attention(loaded.model, attention_heads(loaded.model, "all")), fake, counter:
