@@ -6,6 +6,7 @@ store without writing to it. Their jobs run in test_preset_jobs.py: a module of 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -144,6 +145,21 @@ def test_a_plan_composes_each_job_as_hydra_composes_it(data):
             expected = OmegaConf.to_container(compose("config", overrides=overrides))
             assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides
             assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides  # from its cached tree
+
+
+def test_a_config_file_changed_between_composes_is_read_again(tmp_path):
+    """The composer parses each file once while its size and modification time stay."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        compose_job = job_composer("config")
+        assert compose_job(["model=tiny-llama"]).model.config.num_hidden_layers == 2
+        tiny = conf / "model" / "tiny-llama.yaml"
+        tiny.write_text(tiny.read_text().replace("num_hidden_layers: 2", "num_hidden_layers: 12"))
+        composed = compose_job(["model=tiny-llama", "task=local_mc"])  # a new set of choices: a new tree
+        assert composed.model.config.num_hidden_layers == 12
+        assert OmegaConf.to_container(composed) == OmegaConf.to_container(
+            compose("config", overrides=["model=tiny-llama", "task=local_mc"]))
 
 
 def test_every_preset_option_is_a_preset_with_a_grid():
