@@ -141,8 +141,8 @@ PARSED: dict[tuple[str, int, int], tuple[dict, object]] = {}
 @contextmanager
 def yaml_parsed_once() -> Iterator[None]:
     """Hydra's config files (file:// sources) parsed once per process while each one's size and
-    modification time stay: Hydra parses every file of the tree again for every compose, a fifth of a
-    compose's time. Hydra's own reading otherwise: the header, and a new OmegaConf config each time
+    modification time stay: Hydra parses every file of the tree again for every compose (a tree of the
+    default config 128 -> 111 ms with them parsed once). Hydra's own reading otherwise: the header, and a new OmegaConf config each time
     (Hydra merges a loaded config's nodes into the job's config, so a config is never handed out twice)."""
     from hydra._internal.core_plugins.file_config_source import FileConfigSource
     from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
