@@ -9,6 +9,7 @@ the store is only read, and a store that does not exist yet is not created."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 from collections import Counter
@@ -135,18 +136,15 @@ def job_composer(config_name: str) -> Callable[[list[str]], DictConfig]:
     return compose_job
 
 
-PARSED: dict[tuple[str, int, int], tuple[dict, object]] = {}
-
-
 @contextmanager
 def yaml_parsed_once() -> Iterator[None]:
     """Hydra's config files (file:// sources) parsed once per process while each one's size and
-    modification time stay: Hydra parses every file of the tree again for every compose (a tree of the
-    default config 128 -> 111 ms with them parsed once). Hydra's own reading otherwise: the header, and a new OmegaConf config each time
-    (Hydra merges a loaded config's nodes into the job's config, so a config is never handed out twice)."""
+    modification time stay (`parsed_config_file`): Hydra parses every file of the tree again for every
+    compose (a tree of the default config 128 -> 111 ms with them parsed once). Hydra's own reading
+    otherwise: the header, and a new OmegaConf config each time (Hydra merges a loaded config's nodes
+    into the job's config, so a config is never handed out twice)."""
     from hydra._internal.core_plugins.file_config_source import FileConfigSource
-    from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
-    from omegaconf._utils import get_yaml_loader
+    from hydra.plugins.config_source import ConfigLoadError, ConfigResult
 
     def load_config(source: FileConfigSource, config_path: str) -> ConfigResult:
         path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
@@ -154,11 +152,7 @@ def yaml_parsed_once() -> Iterator[None]:
             stat = os.stat(path)
         except FileNotFoundError:
             raise ConfigLoadError(f"Config not found : {path}") from None
-        key = (path, stat.st_mtime_ns, stat.st_size)
-        if key not in PARSED:
-            text = Path(path).read_text(encoding="utf-8")
-            PARSED[key] = (ConfigSource._get_header_dict(text[:512]), yaml.load(text, Loader=get_yaml_loader()))
-        header, content = PARSED[key]
+        header, content = parsed_config_file(path, stat.st_mtime_ns, stat.st_size)
         config = OmegaConf.create() if content is None else OmegaConf.create(copy.deepcopy(content))
         return ConfigResult(config=config, path=f"{source.scheme()}://{source.path}", provider=source.provider,
                             header=dict(header))
@@ -169,6 +163,17 @@ def yaml_parsed_once() -> Iterator[None]:
         yield
     finally:
         FileConfigSource.load_config = read
+
+
+@functools.cache
+def parsed_config_file(path: str, mtime_ns: int, size: int) -> tuple[dict, object]:
+    """A config file's header and YAML content as Hydra and OmegaConf read them, keyed by mtime and
+    size too, so a file rewritten in the process is parsed again."""
+    from hydra.plugins.config_source import ConfigSource
+    from omegaconf._utils import get_yaml_loader
+
+    text = Path(path).read_text(encoding="utf-8")
+    return ConfigSource._get_header_dict(text[:512]), yaml.load(text, Loader=get_yaml_loader())
 
 
 def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:

@@ -46,7 +46,8 @@ def architecture(loaded: LoadedModel, tokens: int) -> str:
     """What a count depends on: the model's class and config, its modules' types and every
     parameter's and buffer's name and shape (a pruner's cut shows in them), the family and `tokens`."""
     model = loaded.model
-    config = model.config.to_json_string() if hasattr(model, "config") and hasattr(model.config, "to_json_string") else ""
+    config = getattr(model, "config", None)  # a timm model has none: its shapes say it all
+    config = config.to_json_string() if hasattr(config, "to_json_string") else ""
     return content_key([type(model).__qualname__, config, loaded.family, tokens,
                         [type(m).__qualname__ for m in model.modules()],
                         [(n, list(t.shape)) for n, t in (*model.named_parameters(), *model.named_buffers())]])

@@ -35,11 +35,11 @@ def file_problem(path: Path) -> str | None:
     """`header_problem` of a file, read once per process while its size and modification time stay:
     every job of a sweep checks the same thousands of pictures before its model loads."""
     stat = path.stat()
-    return checked_file(str(path), stat.st_size, stat.st_mtime_ns)
+    return checked_file(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2**20)  # a reason or None per picture: ~100 bytes each
-def checked_file(path: str, size: int, mtime_ns: int) -> str | None:
+def checked_file(path: str, mtime_ns: int, size: int) -> str | None:
     return header_problem(path, size)
 
 
