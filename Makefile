@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN) --config-settings editable_mode=compat
 	$(BIN)/python -m pip install -q --no-deps $(NO_DEPS)
 	touch $@
 

@@ -101,19 +101,33 @@ def close_to(expected, depth: int, dtype: torch.dtype | None = None):
 
 
 def compose_cfg(overrides: list[str] = ()):
-    """Hydra's compose of `overrides`, by the plan's composer (prunebench.plan.job_composer: Hydra
-    builds the defaults tree, the values are applied to a copy as Hydra applies them), one composer
-    for the test process: the ~1,000 composes of `make test-fast` choose ~500 sets of config groups,
-    and a tree costs ~140 ms where a copy costs ~5 ms. test_presets holds it equal to Hydra's own."""
+    """Hydra's compose of `overrides` as a job gets it: `prunebench.composer.Composer`, one for the
+    test process (Hydra's `compose` of each set of group choices once, the values set on a copy as
+    Hydra sets them); tests/test_composer.py holds it equal to Hydra's full compose."""
     global COMPOSER
-    from prunebench.plan import job_composer  # here: pytest-xdist's controller imports this module too
+    from prunebench.composer import Composer  # here: pytest-xdist's controller imports this module too
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        COMPOSER = COMPOSER or job_composer("config")
+        COMPOSER = COMPOSER or Composer("config")
         return COMPOSER(list(overrides))
 
 
 COMPOSER = None
+
+
+def planned_sweep(arguments: list[str], sweeps: list[str] = ()) -> list:
+    """`prunebench-plan *arguments *sweeps`'s jobs (prunebench.plan.PlannedJob): `arguments` compose
+    the sweep's config (a preset's axes come with it), `sweeps` are the command line's sweeps."""
+    from hydra import compose
+    from omegaconf import open_dict
+
+    from prunebench.plan import planned
+
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=list(arguments), return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = [*arguments, *sweeps]
+        return planned(cfg)
 
 
 @pytest.fixture

@@ -15,10 +15,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from chat_server import ChatServer, benchmark_judge
-from conftest import FIXTURES, compose_cfg
+from conftest import FIXTURES, compose_cfg, planned_sweep
 from prunebench import job
 from prunebench.paths import CONF_DIR
-from prunebench.plan import DENSE, fixed_overrides, format_plan, job_composer, main, plan, sweep_jobs
+from prunebench.cli import plan_main
+from prunebench.composer import Composer
+from prunebench.plan import DENSE, format_plan
 from prunebench.tracking.sweep import SweepRunCallback
 from test_classification import glue_tsv
 from test_vision import cifar100, fashion_mnist, food101, image_folder
@@ -125,41 +127,24 @@ def tiny(name: str, data) -> list[str]:
 
 
 def preset_plan(name: str, extra: list[str]):
-    arguments = [f"experiment={name}", *extra]
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
-        params = OmegaConf.to_container(base.hydra.sweeper.params)
-        return plan(arguments, params, job_composer("config"))
+    return planned_sweep([f"experiment={name}", *extra])
 
 
 def test_a_plan_composes_each_job_as_hydra_composes_it(data):
     """The plan builds the defaults tree once per set of group choices and applies the values to a
     copy: every job must equal Hydra's own compose of its overrides, whatever kinds they mix."""
     extra = [*tiny("hies_bert_glue", data), "+pruner.extra=1", "task.tasks={}", "pruner.scope=layer"]
-    jobs = sweep_jobs({"finetuned": "bert-base-sst2,bert-base-rte", "pruner": "heads_l2,hies_paper",
-                       "sparsity": "0.1,0.3"}, ["experiment=hies_bert_glue", *extra])
+    jobs = [j.overrides for j in planned_sweep(["experiment=hies_bert_glue", *extra],
+                                               ["finetuned=bert-base-sst2,bert-base-rte", "pruner=heads_l2,hies_paper",
+                                                "sparsity=0.1,0.3"]) if j.overrides[0] != DENSE]
+    assert len(jobs) == 8
     jobs += [["model=tiny-llama", "limit=3", "hydra.job.chdir=true"], ["model=tiny-llama", "calib=c4", "limit=4"]]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        compose_job = job_composer("config")
+        compose_job = Composer("config")
         for overrides in jobs:
             expected = OmegaConf.to_container(compose("config", overrides=overrides))
             assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides
             assert OmegaConf.to_container(compose_job(overrides)) == expected, overrides  # from its cached tree
-
-
-def test_a_config_file_changed_between_composes_is_read_again(tmp_path):
-    """The composer parses each file once while its size and modification time stay."""
-    conf = tmp_path / "conf"
-    shutil.copytree(CONF_DIR, conf)
-    with initialize_config_dir(str(conf), version_base="1.3"):
-        compose_job = job_composer("config")
-        assert compose_job(["model=tiny-llama"]).model.config.num_hidden_layers == 2
-        tiny = conf / "model" / "tiny-llama.yaml"
-        tiny.write_text(tiny.read_text().replace("num_hidden_layers: 2", "num_hidden_layers: 12"))
-        composed = compose_job(["model=tiny-llama", "task=local_mc"])  # a new set of choices: a new tree
-        assert composed.model.config.num_hidden_layers == 12
-        assert OmegaConf.to_container(composed) == OmegaConf.to_container(
-            compose("config", overrides=["model=tiny-llama", "task=local_mc"]))
 
 
 def test_every_preset_option_is_a_preset_with_a_grid():
@@ -183,7 +168,7 @@ def test_plan_counts_finished_runs_and_writes_nothing(store, capsys):
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         job.run(compose("config", overrides=[*overrides, "pruner=heads_random", "sparsity=0.1"]))  # + its dense run
     before = mlflow.search_runs(experiment_names=["prunebench"])
-    assert main(overrides) == 0
+    assert plan_main(overrides) == 0
     printed = capsys.readouterr().out
     jobs = preset_plan("hies_llama2", overrides)
     assert [j.status for j in jobs].count("done") == 2 and jobs[0].status == "done" and jobs[-1].status == "done"
@@ -206,7 +191,7 @@ def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(fresh_store, 
 
 
 def test_plan_marks_a_job_that_cannot_run_and_the_repeats():
-    jobs = plan(["pruner=none,magnitude", "sparsity=0,1.5,0.3", "model=tiny-llama"], {}, compose_cfg)
+    jobs = planned_sweep(["model=tiny-llama"], ["pruner=none,magnitude", "sparsity=0,1.5,0.3"])
     assert [j.status for j in jobs] == ["left", "invalid", "repeat", "repeat", "invalid", "left"]
     assert "sparsity=1.5 is outside [0, 1)" in jobs[1].note and jobs[3].note == "same run key as #0"
     assert "6 grid jobs + 0 dense baseline(s): 0 done, 2 left, 2 invalid, 2 repeated" in format_plan(jobs)
