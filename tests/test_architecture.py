@@ -15,7 +15,7 @@ ALLOWED = {
     "tasks": {"api", "cache", "corpora", "hub"},
     "evaluation": {"api", "models"},
     "models": {"api", "cache", "hub"},
-    "pruners": {"models", "cache"},
+    "pruners": {"api", "models", "cache"},
     "tracking": {"api", "cache"},
     "judges": {"cache", "models"},
     "report": {"api", "tracking", "paths"},
@@ -25,7 +25,7 @@ ALLOWED = {
     "recovery": {"api", "models", "corpora", "calibration", "evaluation", "bench", "cache", "hub"},
     # the exported folder (models' structure), where it goes (the run's MLflow store) and the command
     # rebuilding it (the job's own pruning path, its checks, a recovery's adapter folder)
-    "export": {"api", "models", "tracking", "recovery", "pruning", "validate"},
+    "export": {"api", "cache", "models", "tracking", "recovery", "pruning"},
 }
 
 

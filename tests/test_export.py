@@ -193,12 +193,12 @@ def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
     (["model=tiny-mixtral", "pruner=moe_topk", "export=true"], "not its weights"),
 ])
 def test_bad_export_options_fail_before_any_model_loads(overrides, message):
-    from prunebench.validate import check_export
+    from prunebench.export.options import ExportOptions
     from hydra.utils import get_class
 
     cfg = compose_cfg(overrides)
     with pytest.raises(ConfigError, match=message):
-        check_export(cfg, get_class(cfg.pruner._target_))
+        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
 
 
 def test_an_unwritable_export_dir_is_refused(tmp_path):

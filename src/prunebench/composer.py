@@ -73,11 +73,17 @@ class Composer:
     def parsed(self, lines: list[str]) -> list[tuple[str, object]] | None:
         """Each `key=value` line's key and value as Hydra's grammar reads it (None: a dict value,
         which Hydra merges into a group's node: the full compose decides)."""
-        new = [line for line in lines if line not in self.values]
-        if new:
-            read = compose(None, overrides=[f"+{line}" for line in new])
+        new = list(dict.fromkeys(line for line in lines if line not in self.values))
+        while new:  # a key set twice (the later wins, as in Hydra) is read in a compose of its own
+            keys, batch = set(), []
             for line in new:
+                if line.split("=", 1)[0] not in keys:
+                    keys.add(line.split("=", 1)[0])
+                    batch.append(line)
+            read = compose(None, overrides=[f"+{line}" for line in batch])
+            for line in batch:
                 self.values[line] = OmegaConf.select(read, line.split("=", 1)[0])
+            new = [line for line in new if line not in batch]
         found = []
         for line in lines:
             value = self.values[line]

@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 from prunebench.corpora import task_data_ids
 from prunebench.tasks.data_resolver import label as wheel_label
 from prunebench.tracking.run_key import is_dense, recovering
-from prunebench.validate import calibration_config, recovery_data
+from prunebench.calibration import calibration_config
+from prunebench.recovery.data import recovery_data
 
 CHUNK = 1 << 20
 

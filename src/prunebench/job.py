@@ -20,7 +20,7 @@ from prunebench.cache import content_key
 from prunebench.evaluation.evaluate import evaluate_task
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.introspection import count_parameters
-from prunebench.pruning import prune
+from prunebench.pruning import key_by_removed, prune
 from prunebench.recovery import ADAPTER
 from prunebench.recovery.run import recover_model, recovery_folder
 from prunebench.startup import load_libraries
@@ -40,7 +40,8 @@ class DenseBaselineFailed(RuntimeError):
 
 def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = None) -> dict[str, float] | None:
     try:
-        tasks = validate(cfg)
+        tasks = validate(cfg, overrides=overrides)
+        key_by_removed(cfg)
     except ConfigError as err:
         if parent_run_id:
             store.record_invalid(cfg, overrides, parent_run_id, err)

@@ -84,6 +84,7 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
     from prunebench.tasks.lm_eval_task import PLANNED
+    from prunebench.pruning import key_by_removed
     from prunebench.validate import validate
 
     PLANNED.clear()  # this plan's lm-eval tasks, built once for its jobs; another plan reads the files again
@@ -92,7 +93,9 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
         deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)
         try:
             cfg = compose(overrides)
-            inputs = job_inputs(cfg, validate(cfg, deferred))
+            tasks = validate(cfg, deferred, overrides)
+            key_by_removed(cfg)
+            inputs = job_inputs(cfg, tasks)
             key = run_key(cfg, inputs)
         except Exception as err:  # any reason a job cannot run is the plan's to show
             message = " ".join(str(err).split())

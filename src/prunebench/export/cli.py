@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from prunebench.pruning import prune
     from prunebench.models.introspection import count_parameters
     from prunebench.tracking.run_key import is_dense, recovering
-    from prunebench.validate import check_export
+    from prunebench.export.options import ExportOptions
 
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
     client = MlflowClient()
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     with open_dict(cfg):
         cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
-        check_export(cfg, get_class(cfg.pruner._target_))
+        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
         if args.dir:
             export_folder(args.dir, args.run_id)  # before the model is rebuilt
     except (ConfigError, ValueError) as err:

@@ -15,7 +15,8 @@ import torch
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import block_by_block, block_square_sums, input_grams, input_square_sums
-from prunebench.pruners.base import Pruner, config_value, torch_seed, tower_hint
+from prunebench.api.seeds import torch_seed
+from prunebench.pruners.base import Pruner, config_value, tower_hint
 from prunebench.pruners.masks import MASK_RULES, lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 from prunebench.pruners.structured import calibration_batches

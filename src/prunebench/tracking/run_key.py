@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
+from prunebench.api.errors import ConfigError
 from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
 
@@ -108,6 +110,19 @@ def undeclared(cfg: DictConfig) -> list[str]:
     anything that may change the numbers is. tests/tracking/test_run_key.py holds every root key of
     prunebench's own configs declared."""
     return sorted(str(key) for key in cfg if key not in ROOT_KEYS)
+
+
+def check_added_keys(cfg: DictConfig, overrides: list[str]) -> None:
+    """`+key=value` adds a root key no config defines (Hydra's own suggestion after a typo,
+    `+sparsty=0.3`), which nothing reads: the job would run at the default. A config group added so
+    (`+lab_group=option`), or a root key a lab's config defines, is not refused."""
+    for line in overrides:
+        key = line.split("=", 1)[0].removeprefix("+")
+        if line.startswith("+") and not line.startswith("++") and key not in ROOT_KEYS and key in cfg \
+                and not isinstance(cfg.get(key), DictConfig):
+            close = difflib.get_close_matches(key, sorted(ROOT_KEYS), n=3)
+            raise ConfigError(f"{line}: the config defines no root key {key!r}, so nothing would read it"
+                              + (f"; did you mean {' or '.join(map(repr, close))} (set it without +)?" if close else ""))
 
 
 def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
