@@ -93,6 +93,9 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     # pruner.tower=language is what every pruner did before the key existed: runs stored then still match
     if data.get("pruner", {}).get("tower") == "language":
         data["pruner"].pop("tower")
+    # pruner.norm_sum=float64 is the arithmetic of runs stored before the key existed: they still match
+    if data.get("pruner", {}).get("norm_sum") == "float64":
+        data["pruner"].pop("norm_sum")
     for definition in (task.get("tasks") or {}).values():
         judge = definition.get("judge") or {}
         for key in JUDGE_RUNTIME_KEYS:
