@@ -47,7 +47,7 @@ def block_outlier_ratios(blocks: list[dict[str, Matrix]], norms: dict[str, torch
     ratios = {}
     for index, block in enumerate(blocks):
         if block:
-            scores = [(mat.weight.detach().abs().float().cpu() * norms[name].float().sqrt()[None, :])
+            scores = [(mat.weight.detach().abs().float().cpu() * norms[name].float().cpu().sqrt()[None, :])
                       .flatten() for name, mat in block.items()]
             ratios[index] = outlier_ratio(torch.cat(scores), m)
     return ratios
@@ -71,8 +71,9 @@ def layer_sparsities(ratios: list[float], sparsity: float, lamda: float) -> list
 class OWLPruner(Pruner):
     """A base pruner (`base`: wanda, sparsegpt or magnitude, built with `base_options`) applied at
     OWL's per-block sparsities. `norm_sum` is how ||X_j||^2 is accumulated (activations.SquareMeans),
-    in the outlier pass and the wanda base's norms alike. `sequential` is the wanda base's (true: its norms through the blocks
-    already pruned, the release's pruning pass; false: the outlier pass's dense norms); sparsegpt
+    in the outlier pass and the wanda base's norms alike. `sequential` is the wanda base's (true: its
+    norms through the blocks already pruned, the release's pruning pass; false: the outlier pass's
+    dense norms); sparsegpt
     always runs block by block and magnitude measures nothing, so both refuse false. Dense causal LMs
     and a VLM's language model: the release defines the outlier ratio for dense blocks, and an
     expert's norms would rest on its own token count."""
