@@ -53,6 +53,7 @@ CONTRACT = (
       for key in ("url", "api_key_env", "max_retries", "timeout_s", "device", "name")),
     # added after runs were stored, at what those runs did
     Field("pruner.tower", since="language"),
+    Field("pruner.norm_sum", since="float64"),
     Field("task.tasks.*.judge.repeats", since=1),
     Field("task.tasks.*.judge.max_failure_rate", since=0.05),
 )
