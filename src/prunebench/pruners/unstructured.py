@@ -174,8 +174,8 @@ class WandaPruner(UnstructuredPruner):
     sum over tokens of x_j^2, accumulated as `norm_sum` says (activations.SquareMeans: `release`, the
     release's float32 running mean, whose last bits decide ties at a row's cut; `float64`, a sum in
     float64 divided at the end, what runs did before the option), and the score is formed in
-    float32 as the release's (its model-dtype weight times a float32 root). An expert's norms come from the tokens routed to it; an expert no
-    calibration token reached has no norms, and falls back to |W| (magnitude)."""
+    float32 as the release's (its model-dtype weight times a float32 root). An expert's norms come from
+    the tokens routed to it; an expert no calibration token reached has no norms, and falls back to |W| (magnitude)."""
 
     families = frozenset({"causal_lm", "moe", "vlm"})
     needs_calibration = True
