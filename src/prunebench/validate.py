@@ -19,6 +19,7 @@ from prunebench.api.task_keys import task_names
 from prunebench.cache import check_cache, check_writable
 from prunebench.hub import deferring
 from prunebench.calibration import LabelledCalibration, calibration_config
+from prunebench.evaluation import chat
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.models.checkpoint_folder import check_checkpoint_folder
 from prunebench.models.introspection import TOWERS
@@ -393,6 +394,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
         raise ConfigError(f"task={cfg.task.get('name')!r} defines no tasks")
     try:
         lm_eval_rows(cfg.get("eval") or {})
+        chat.check(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for both checks
@@ -412,6 +414,10 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None) -> dict:
             raise ConfigError(f"task {name} ({describe_kind(task)}) cannot evaluate model={cfg.model.name!r} "
                               f"(family {cfg.model.family!r}); it evaluates: {sorted(families)}")
     check_generation_budget(checked(tasks), cfg.model, context)
+    try:
+        chat.check_tasks(cfg, checked(tasks))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     check_recovery(cfg, context, deferred)
     check_judges(checked(tasks))
     if cfg.bench.name != "none":
