@@ -332,3 +332,43 @@ def test_bridge_on_smollm2_instruct_equals_lm_eval(data_files, name, num_fewshot
     loaded = get_model(compose_cfg(["model=smollm2-135m"]).model)
     built = assert_bridge_equals_lm_eval(loaded, data_files, name, num_fewshot, limit, depth=30, **CHAT)
     assert built[0][0][0].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
+
+
+def log_run(chat_template: str, acc: list[float], parent: str | None = None) -> str:
+    """A finished job as jobs log one: its tags, the chat option among its params, its predictions."""
+    import mlflow
+
+    tags = {"prunebench.run_key": f"{chat_template}-{parent}", "prunebench.model": "scripted", "prunebench.pruner": "none",
+            "prunebench.sparsity": "0.0", "prunebench.task": "arc_easy", "prunebench.limit": "null",
+            "prunebench.avg_metrics": json.dumps({"arc_easy": "acc"}), **({"mlflow.parentRunId": parent} if parent else {})}
+    with mlflow.start_run(tags=tags, nested=parent is not None) as run:
+        mlflow.log_params({"seed": "0", "pruner.name": "none", "eval.chat_template": chat_template})
+        mlflow.log_metrics({"arc_easy/acc": sum(acc) / len(acc), "arc_easy/n_docs": len(acc)})
+        mlflow.log_text("\n".join(json.dumps({"doc_id": i, "acc": v}) for i, v in enumerate(acc)),
+                        "predictions/arc_easy.jsonl")
+    return run.info.run_id
+
+
+def test_compare_warns_when_a_templated_run_meets_a_raw_one_and_pairs_a_mixed_sweep_by_format(store, capsys):
+    import mlflow
+
+    from prunebench.report.compare import main as compare_main
+
+    mlflow.set_tracking_uri(store)
+    mlflow.set_experiment("prunebench")
+    raw, templated = log_run("False", [1.0, 0.0] * 50), log_run("True", [1.0, 1.0] * 50)
+    assert compare_main([raw, templated, "--max-drop", "100"]) == 0
+    out = capsys.readouterr()
+    assert "warning: A ran chat=none and B chat=template: templated and raw prompts are different evaluations" in out.err
+    assert compare_main([raw, log_run("False", [1.0, 0.0] * 50), "--max-drop", "100"]) == 0
+    assert "chat=" not in capsys.readouterr().err  # one format: nothing to say
+    sweeps = []
+    for _ in range(2):  # two sweeps of the same grid, each with and without the template
+        with mlflow.start_run(tags={"prunebench.sweep": "true"}) as parent:
+            pass
+        log_run("False", [1.0, 0.0] * 50, parent.info.run_id)
+        log_run("True", [1.0, 1.0] * 50, parent.info.run_id)
+        sweeps.append(parent.info.run_id)
+    assert compare_main([*sweeps, "--max-drop", "100"]) == 0  # each run against its own format's
+    out = capsys.readouterr()
+    assert "warning" not in out.err and "| none |" in out.out and "| template |" in out.out
