@@ -34,7 +34,7 @@ def test_table_values_equal_mlflow_metrics(store, tmp_path, capsys):
     lines = printed.splitlines()
     # one setting: one table, headed by what it holds
     assert lines[0].startswith("## tiny-llama · task=local_mc · limit=null · data=mc_questions.jsonl@")
-    assert lines[0].endswith(" · dtype=float32 · numerics=fast · protocol=lm_eval")
+    assert lines[0].endswith(" · dtype=float32 · numerics=fast · protocol=lm_eval · chat=none")
     assert lines[2] == "documents: local_mc 5"  # how many documents its numbers rest on
     assert lines[4].startswith("| model | pruner | sparsity | task | local_mc/acc_norm")
     assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 4
@@ -173,8 +173,8 @@ def test_suite_rows_never_pool_runs_of_other_limits_or_dtypes(store, tmp_path):
     log_run("bert-cola-10", "cola", "mcc", 0.1, limit=10)
     log_run("bert-sst2-10", "sst2", "acc", 0.7, limit=10)
     glue = suite_tables(load_runs("prunebench"), ["glue"], suite_members())["glue"]
-    assert glue.setting.tolist() == ["(one per task) · limit=10 · numerics=fast · protocol=lm_eval",
-                                     "(one per task) · limit=null · numerics=fast · protocol=lm_eval"]
+    assert glue.setting.tolist() == ["(one per task) · limit=10 · numerics=fast · protocol=lm_eval · chat=none",
+                                     "(one per task) · limit=null · numerics=fast · protocol=lm_eval · chat=none"]
     assert glue["avg/score"].tolist() == [pytest.approx(0.4), pytest.approx(0.7)]
     write_report("prunebench", None, tmp_path)
     text = (tmp_path / "results.md").read_text()

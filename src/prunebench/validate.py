@@ -1,6 +1,5 @@
-"""A composed config's checks, in order, before any model loads: the cheap ones first, nothing that
-waits on the hub (a plan's `deferred` names what only the hub could answer), each refusal one line.
-The checks live beside what they check; this module only orders them."""
+"""A config's checks in order, before any model loads: the cheap first, none waiting on the hub (a plan's
+`deferred` names what only the hub could answer), each refusal one line; each check lives beside its concept."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from prunebench.api.task_keys import task_names
 from prunebench.bench.checks import check_bench
 from prunebench.cache import check_cache_root
 from prunebench.calibration import check_calibration
+from prunebench.evaluation import chat
 from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.export.options import ExportOptions
 from prunebench.hub import deferring
@@ -28,20 +28,18 @@ from prunebench.tracking.store import check_uri, tracking_uri
 
 
 def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list[str] = ()) -> dict:
-    """Checks the config and returns the tasks built from it (tasks/build.py, their data checked).
-    `overrides`: the job's command line, whose `+key=value` must add a key something reads."""
+    """The tasks built from the checked config; `overrides`: the job's command line (its `+key=value`)."""
     check_added_keys(cfg, overrides)
     check_uri(tracking_uri(cfg.tracking.uri))
     check_root(cfg)
     check_model(cfg.model)
     try:
         pruner_cls = get_class(cfg.pruner._target_)
-    except Exception as err:
-        raise ConfigError(f"pruner._target_={cfg.pruner._target_!r} cannot be imported: {err}") from err
-    try:
         pruner_cls.check_target(cfg.pruner.name, cfg.model.name, cfg.model.family, cfg.pruner.get("tower", "language"))
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    except Exception as err:
+        raise ConfigError(f"pruner._target_={cfg.pruner._target_!r} cannot be imported: {err}") from err
     try:
         pruner = instantiate(cfg.pruner, _convert_="all")
         if float(cfg.sparsity) > 0:
@@ -53,6 +51,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
     server.check(cfg.tracking)
     try:
         lm_eval_rows(cfg.get("eval") or {})
+        chat.check(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for the checks below
@@ -65,6 +64,10 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
     with deferring(deferred):  # a plan: a dataset only the hub has is noted, not asked for
         tasks = build_tasks(cfg)
     check_tasks(tasks, cfg.model)
+    try:
+        chat.check_tasks(cfg, built(tasks))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     context = model_context(cfg.model, {} if config is None else config)  # {}: not read a second time
     check_generation_budget(built(tasks), cfg.model, context)
     if recovering(cfg) and not is_dense(cfg):  # a dense job trains nothing (its run key leaves recovery out)
@@ -92,7 +95,6 @@ def check_root(cfg: DictConfig) -> None:
 
 
 def check_sweep(cfg: DictConfig) -> None:
-    """What every job of a sweep shares, checked once before the sweep makes its parent run or
-    starts a job (tracking/sweep.py calls it): the export folder and the prunebench cache."""
+    """What every job of a sweep shares, checked once before its parent run (tracking/sweep.py)."""
     ExportOptions.of(cfg).check_dir()
     check_cache_root()

@@ -10,7 +10,7 @@ from helpers.vlm_fixtures import SUITE_TASKS
 GRIDS = {"mop_llama2": (25, 1), "mop_llama3": (15, 1), "hies_bert_glue": (120, 8), "hies_llama2": (30, 1),
          "hies_vit": (60, 4), "dynmoe_olmoe": (5, 1), "mop_llava": (15, 1), "hies_llava": (15, 1), "owl": (12, 1),
          "reap": (8, 1), "dsnot": (18, 1), "structured_baselines": (18, 1), "calibration": (18, 1),
-         "recovery": (18, 1), "llm_pruner_recovery": (4, 1)}
+         "recovery": (18, 1), "llm_pruner_recovery": (4, 1), "instruct": (12, 2)}
 QUICK = ["trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "limit=2"]
 LATENCY = ["bench.warmup=1", "bench.runs=1", "bench.new_tokens=4"]
 
@@ -29,6 +29,9 @@ def tiny(name: str, data) -> list[str]:
             return [*vlm, "calib.n_samples=2"]
         return [*vlm, "model.text_config.num_hidden_layers=6", "calib.n_samples=2", "calib.task.image_dir=" + str(images),
                 f"calib.task.source.path={vlm_root / 'scienceqa' / 'llava_test_CQM-A.json'}", "calib.allow_eval_split=true"]
+    if name == "instruct":  # a model with a chat template (read from its GGUF, not loaded); MMLU is no fixture
+        return [*common, "model=smollm2-135m", "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
+                "task.lm_eval=[]"]
     if name.startswith("mop"):  # six blocks: MoP's L steps keep the last two
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", f"calib.path={alpaca}",
                 "calib.n_samples=3", *LATENCY]

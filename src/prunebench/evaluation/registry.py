@@ -37,5 +37,9 @@ def engine_for(kind: str) -> Engine:
 
 
 def evaluation(task, model, limit: int | None, options) -> tuple:
-    """The (LightningDataModule, LightningModule) pair that evaluates `task` in Trainer.test."""
+    """The (LightningDataModule, LightningModule) pair that evaluates `task` in Trainer.test, its
+    prompts in the chat format the options ask for (chat.py)."""
+    from prunebench.evaluation.chat import prepare
+
+    prepare(task, model, options)
     return engine_for(task.kind)(task, model, limit, options)

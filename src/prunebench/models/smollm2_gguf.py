@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from prunebench.cache import file_sha256
-from prunebench.models.gguf import converted
+from prunebench.models.gguf import converted, gguf_chat_templates
 from prunebench.models.hf_causal import load_causal_lm
 from prunebench.models.loaded import LoadedModel
 
@@ -35,6 +35,19 @@ def load_smollm2_135m(*, name: str, family: str = "causal_lm", dtype: str = "flo
                       device: str = "cpu", max_length: int | None = None) -> LoadedModel:
     return load_causal_lm(path=str(converted_smollm2_135m()), name=name, family=family, dtype=dtype,
                           device=device, max_length=max_length)
+
+
+def stated_chat_templates() -> dict[str, str] | None:
+    """The chat template the converted tokenizer will carry, read from the GGUF's header (validation
+    refuses a template the model lacks before anything converts or loads); None where the package is
+    missing, which loading reports."""
+    try:
+        return gguf_chat_templates(gguf_path())
+    except ImportError:
+        return None
+
+
+load_smollm2_135m.stated_chat_templates = stated_chat_templates
 
 
 def gguf_path() -> Path:

@@ -50,6 +50,11 @@ def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int =
                        max_length=model_max_length(hf_config, tokenizer, max_length))
 
 
+# what validation knows of a tiny model's chat templates before loading it: its tokenizer, trained in
+# process, carries none (evaluation/chat.py refuses eval.chat_template for it)
+load_tiny.stated_chat_templates = {}
+
+
 # LLaVA-1.5's chat template (llava-hf/llava-1.5-7b-hf), images first then text, without the
 # assistant-turn branch a tiny test model never needs: "USER: <image>\n{text} ASSISTANT:"
 LLAVA_CHAT_TEMPLATE = (

@@ -24,6 +24,7 @@ from prunebench.report.build import latest_sweep
 from prunebench.report.paper import (ROW_KEYS, judge, labels, task_results, tolerance, tunes,
                                      without_recovery_seed)
 from prunebench.report.predictions import Predictions, task_data
+from prunebench.report.settings import chat_setting
 from prunebench.report.table import UNRECOVERED, load_runs, to_markdown
 from prunebench.report.verdicts import CORRECTIONS, exit_code, paired, with_adjusted
 from prunebench.tracking.store import missing_store, tracking_uri
@@ -84,13 +85,32 @@ def recovery_note(first: pd.DataFrame, second: pd.DataFrame, sweeps: bool) -> st
     return note
 
 
+def with_chat(a: pd.DataFrame, b: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame,
+              notes: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
+    """Each result row's chat format (report/settings.py: a chat template or raw prompts). Where a side
+    ran several, rows pair only with rows of their own format (True: pair on it); where each side ran
+    one and they differ, they pair, and `notes` gains a warning: every prompt differs, so B against A
+    measures the chat format as much as the model."""
+    chat_of = {run.run_id: chat_setting(run) for _, run in pd.concat([a, b]).iterrows()}
+    first, second = (side.assign(chat=side.run_id.map(chat_of)) for side in (first, second))
+    formats = [sorted(set(side.chat)) for side in (first, second)]
+    if len(formats[0]) > 1 or len(formats[1]) > 1:
+        return first, second, True
+    if formats[0] != formats[1]:
+        notes.append(f"warning: A ran chat={', '.join(formats[0])} and B chat={', '.join(formats[1])}: templated and "
+                     f"raw prompts are different evaluations, so the differences below are the chat format's as "
+                     f"much as the model's")
+    return first, second, False
+
+
 def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float, correction: str,
                 notes: list[str]) -> tuple[pd.DataFrame, str]:
     """B against A per paired task; `notes` gains what was not compared, or paired only in part.
     Returns the table and `recovery_note`."""
     first, second = task_results(a), task_results(b)
     said = recovery_note(first, second, sweeps)
-    keys = [*PAIR_KEYS, "recovery"] if sweeps else ["task"]
+    first, second, by_chat = with_chat(a, b, first, second, notes)
+    keys = ([*PAIR_KEYS, "recovery"] if sweeps else ["task"]) + (["chat"] if by_chat else [])
     recoveries = [pruned_recoveries(side) for side in (first, second)]
     # the rows say their recovery where the sides hold several (the note says it where each holds one)
     tuned = tunes(pd.concat([first, second])) if sweeps and said else {}
@@ -121,7 +141,7 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
             notes.append(f"{r.task}: A evaluated {len(docs[0][1])} documents and B {len(docs[1][1])}; "
                          f"the {len(ref)} both evaluated are paired")
         row = {"model": r.model, "pruner": named[r.pruner, r.config], "ratio": r.ratio,
-               **({"tune": tuned[r.recovery]} if tuned else {})} if sweeps else {}
+               **({"tune": tuned[r.recovery]} if tuned else {}), **({"chat": r.chat} if by_chat else {})} if sweeps else {}
         rows.append({**row, "task": r.task, "metric": docs[0][0],
                      **judge(ref, new, max_drop)})
     if not rows:

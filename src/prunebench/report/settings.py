@@ -10,10 +10,11 @@ import json
 
 import pandas as pd
 
-# model, task set, documents, data, numbers' dtype, how log-likelihoods were computed, whose prompts
-SETTING_KEYS = ("model", "task", "limit", "data", "dtype", "numerics", "protocol")
+# model, task set, documents, data, numbers' dtype, how log-likelihoods were computed, whose prompts,
+# and in which chat format (a chat template or raw prompts: evaluation/chat.py)
+SETTING_KEYS = ("model", "task", "limit", "data", "dtype", "numerics", "protocol", "chat")
 # a run logged before a setting existed ran what is now its default
-DEFAULTS = {"numerics": "fast", "protocol": "lm_eval", "limit": "null"}
+DEFAULTS = {"numerics": "fast", "protocol": "lm_eval", "limit": "null", "chat": "none"}
 
 
 def _text(value) -> str:
@@ -35,6 +36,7 @@ def setting(run: pd.Series) -> dict[str, str]:
         "dtype": _text(run.get("tags.prunebench.dtype")) or _text(run.get("params.model.dtype")),
         "numerics": _text(run.get("params.eval.numerics")),
         "protocol": _text(run.get("tags.prunebench.protocol")),
+        "chat": chat_setting(run),
     }
     return {key: value or DEFAULTS.get(key, "") for key, value in values.items()}
 
@@ -49,3 +51,18 @@ def settings(runs: pd.DataFrame, keys: tuple[str, ...] = SETTING_KEYS) -> pd.Ser
     """Each run's heading over `keys` (fewer than all where a table pools models on purpose)."""
     return runs.apply(lambda run: heading({k: v for k, v in setting(run).items() if k in keys}), axis=1) \
         if not runs.empty else pd.Series([], dtype=str)
+
+
+def chat_setting(run: pd.Series) -> str:
+    """`template` (a NAME: `template:NAME`), or `none` for raw prompts, with `+multiturn` and
+    `+system@<digest>` where those ran: the chat options as the run logged them (MLflow's strings)."""
+    from prunebench.evaluation.chat import ChatFormat
+
+    def param(key: str) -> str:
+        return _text(run.get(f"params.eval.{key}"))
+
+    template = param("chat_template")
+    system = param("system_instruction")
+    return ChatFormat(template=template == "True" or (template not in ("", "True", "False") and template),
+                      multiturn=param("fewshot_as_multiturn") == "True",
+                      system=None if system in ("", "None") else system).label()

@@ -116,6 +116,9 @@ class GenerateUntilTask:
     image_dir: str | None = None
     image_column: str = "image"  # an HF dataset image_dir: its image feature
     image_key: str | None = None  # ... and the column naming each picture (None: the file name it was stored under)
+    # the chat format its prompts are rendered in (evaluation/chat.py), set before its requests are
+    # built; None: the raw prompts
+    chat: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.until = list(self.until)
@@ -182,6 +185,10 @@ class GenerateUntilTask:
         return docs[:limit] if limit else docs
 
     def prompt(self, doc: dict) -> str:
+        if self.chat is not None:
+            shots = [(resolve(self.doc_to_text, ex), str(resolve(self.doc_to_target, ex))) for ex in self.fewshot]
+            return self.chat.context(resolve(self.doc_to_text, doc), self.description, shots, self.target_delimiter,
+                                     self.fewshot_delimiter)
         shots = "".join(resolve(self.doc_to_text, ex) + self.target_delimiter + str(resolve(self.doc_to_target, ex))
                         + self.fewshot_delimiter for ex in self.fewshot)
         return self.description + shots + resolve(self.doc_to_text, doc)

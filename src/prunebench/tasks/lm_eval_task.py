@@ -102,6 +102,7 @@ class LmEvalTask:
     lower_is_better = False
     grouped = False
     deferred = False  # a plan's: its data is on the hub only, so it was not built (hub.deferring)
+    chat = None  # the chat format lm-eval renders the requests in (evaluation/chat.py); None: raw prompts
 
     def __init__(self, name: str, task: str | None = None, num_fewshot: int | None = None, primary: str | None = None,
                  include_path: list[str] | str | None = None, data_dir: str | None = None,
@@ -283,9 +284,10 @@ class LmEvalTask:
         from lm_eval.evaluator_utils import get_sample_size
 
         documents = []
+        chat = self.chat.lm_eval_options() if self.chat is not None else {}  # lm-eval's own prompt assembly
         for leaf, task in self.leaves.items():
             with contextlib.redirect_stderr(io.StringIO()), templates_compiled_once():  # stderr: its per-task bar
-                task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1)
+                task.build_all_requests(limit=get_sample_size(task, limit), rank=0, world_size=1, **chat)
             by_doc = defaultdict(list)
             for inst in task.instances:
                 by_doc[inst.doc_id].append(inst)

@@ -56,6 +56,9 @@ class MultipleChoiceTask:
     description: str = ""
     target_delimiter: str = " "
     process_docs: str | None = None
+    # the chat format its prompts are rendered in (evaluation/chat.py), set before its requests are
+    # built; None: the raw prompts
+    chat: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.metrics = list(self.metrics)
@@ -127,14 +130,19 @@ class MultipleChoiceTask:
         if not 0 <= gold < len(choices):
             raise ValueError(f"{where}: the gold answer {text if isinstance(text, int) else target!r} is not one of "
                              f"its {len(choices)} choices (an index in 0..{len(choices) - 1} or one of {choices[:4]})")
+        delimiter = self.target_delimiter if self.chat is None else self.chat.target_delimiter(self.target_delimiter)
         if isinstance(text, int):
             # "multiple input" (WinoGrande): the choices are contexts sharing one continuation
-            continuation = self.target_delimiter + str(target)
-            return Instance(doc_id, [Loglikelihood(self.description + c, continuation) for c in choices], doc,
+            continuation = delimiter + str(target)
+            return Instance(doc_id, [Loglikelihood(self.context(c), continuation) for c in choices], doc,
                             text, [len(c) for c in choices])
-        context = self.description + text
-        return Instance(doc_id, [Loglikelihood(context, self.target_delimiter + c) for c in choices], doc,
+        context = self.context(text)
+        return Instance(doc_id, [Loglikelihood(context, delimiter + c) for c in choices], doc,
                         gold, [len(c) for c in choices])
+
+    def context(self, text: str) -> str:
+        """The description before the document's text; in a chat format, the turns lm-eval builds."""
+        return self.description + text if self.chat is None else self.chat.context(text, self.description)
 
     def instances(self, limit: int | None = None) -> list[Instance]:
         return [self.instance(i, doc) for i, doc in enumerate(self.docs(limit))]

@@ -139,6 +139,10 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     if evaluation.get("numerics") == "fast":
         evaluation.pop("numerics")
         evaluation.pop("lm_eval_batch_size", None)
+    # raw prompts are what every run did before the chat options existed: runs stored then still match
+    for key, default in (("chat_template", False), ("fewshot_as_multiturn", False), ("system_instruction", None)):
+        if key in evaluation and evaluation[key] is default:
+            evaluation.pop(key)
     task = data.get("task", {})
     # only the protocol that runs decides the numbers: OpenCompass's versions leave lm-eval runs alone
     offered = task.pop("protocols", None) or {}
