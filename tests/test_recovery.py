@@ -258,3 +258,20 @@ def test_a_recovery_interrupted_and_resumed_ends_with_the_weights_of_an_uninterr
     # steps 1-12 come from the checkpoint (logged again to a restarted job's new run), 13-14 were trained again
     assert [h["step"] for h in history if "recovery/train_loss" in h] == list(range(1, 15))
     assert history == whole_history
+
+
+def test_micro_batch_scaling_keeps_the_run_keys_of_before_the_option(text_file):
+    from omegaconf import open_dict
+
+    # a config from before recovery.loss_scaling existed computed the mean of micro-batch means
+    before = compose_cfg(TINY_MC + recovery_overrides(text_file))
+    with open_dict(before):
+        del before.recovery["loss_scaling"]
+    legacy = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.loss_scaling=micro_batches"))
+    tokens = compose_cfg(TINY_MC + recovery_overrides(text_file))
+    assert run_key(legacy) == run_key(before) != run_key(tokens)
+
+
+def test_an_unknown_loss_scaling_is_refused(text_file):
+    with pytest.raises(ConfigError, match=r"recovery.loss_scaling='mean'; valid: \['tokens', 'micro_batches'\]"):
+        validate(compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.loss_scaling=mean")))

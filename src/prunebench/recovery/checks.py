@@ -1,0 +1,15 @@
+"""Checks of the recovery's own options, before any model loads (validate.py calls them with the
+other recovery checks); each raises ValueError naming the value and what would be valid."""
+
+from __future__ import annotations
+
+LOSS_SCALINGS = ("tokens", "micro_batches")
+
+
+def check_options(options: dict) -> None:
+    """`options`: the resolved `recovery` config."""
+    scaling = options.get("loss_scaling", "tokens")
+    if scaling not in LOSS_SCALINGS:
+        raise ValueError(f"recovery.loss_scaling={scaling!r}; valid: {list(LOSS_SCALINGS)} (tokens: the step's loss "
+                         f"divided by its labelled tokens, as transformers' Trainer since 4.46; micro_batches: the "
+                         f"mean of the micro-batches' means, as before it)")
