@@ -275,3 +275,34 @@ def test_micro_batch_scaling_keeps_the_run_keys_of_before_the_option(text_file):
 def test_an_unknown_loss_scaling_is_refused(text_file):
     with pytest.raises(ConfigError, match=r"recovery.loss_scaling='mean'; valid: \['tokens', 'micro_batches'\]"):
         validate(compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.loss_scaling=mean")))
+
+
+def test_disjoint_windows_use_each_line_once_until_the_text_is_used_up():
+    from prunebench.models.tiny import tiny_tokenizer
+    from prunebench.recovery.data import disjoint_windows
+
+    tokenizer = tiny_tokenizer()
+    lines = [f"Line {i} says the quick brown fox jumps over the lazy dog.\n" for i in range(60)]
+    windows = disjoint_windows(["".join(lines)], tokenizer, 1000, 48, 0)
+    line_len = len(tokenizer.encode(lines[0], add_special_tokens=False))
+    # each window joins at least ceil(47 / line_len) whole lines, none of them shared: far fewer than asked
+    assert 0 < len(windows) <= 60 // -(-47 // (line_len + 2))
+    assert all(len(w) == 48 and w[0] == tokenizer.bos_token_id for w in windows)
+    texts = [tokenizer.decode(w[1:]) for w in windows]
+    starts = [t.split(" says")[0] for t in texts]
+    assert len(set(starts)) == len(starts)  # no window starts on a line another one read
+    assert disjoint_windows(["".join(lines)], tokenizer, 1000, 48, 0) == windows  # drawn per seed
+    assert len(disjoint_windows(["".join(lines)], tokenizer, 2, 48, 0)) == 2
+
+
+def test_the_schedule_runs_over_schedule_steps_whatever_the_steps_trained(text_file, one_thread):
+    _, _, _, history, _ = recovered(recovery_overrides(text_file, "recovery.max_steps=4", "recovery.lr=1e-2",
+                                                       "recovery.schedule_steps=10", "sparsity=0.3"))
+    lrs = [h["recovery/lr"] for h in history if "recovery/lr" in h]
+    # linear from the peak to 0 over 10 steps, cut after 4 (SliceGPT's horizon is its split's rows / 4)
+    assert lrs == pytest.approx([1e-2 * (10 - k) / 10 for k in range(4)])
+
+
+def test_lora_slicegpt_steps_one_example_at_a_time():
+    rec = compose_cfg(TINY_MC + ["recovery=lora_slicegpt"]).recovery
+    assert (rec.batch_size, rec.micro_batch_size, rec.schedule_steps, rec.windows) == (1, 1, 9180, "disjoint")

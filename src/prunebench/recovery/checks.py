@@ -4,6 +4,7 @@ other recovery checks); each raises ValueError naming the value and what would b
 from __future__ import annotations
 
 LOSS_SCALINGS = ("tokens", "micro_batches")
+WINDOWS = ("random", "disjoint")
 
 
 def check_options(options: dict) -> None:
@@ -13,3 +14,9 @@ def check_options(options: dict) -> None:
         raise ValueError(f"recovery.loss_scaling={scaling!r}; valid: {list(LOSS_SCALINGS)} (tokens: the step's loss "
                          f"divided by its labelled tokens, as transformers' Trainer since 4.46; micro_batches: the "
                          f"mean of the micro-batches' means, as before it)")
+    windows = options.get("windows", "random")
+    if windows not in WINDOWS:
+        raise ValueError(f"recovery.windows={windows!r}; valid: {list(WINDOWS)}")
+    horizon = options.get("schedule_steps")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ValueError(f"recovery.schedule_steps={horizon!r} must be a positive integer or null (the training's steps)")

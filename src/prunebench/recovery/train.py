@@ -247,8 +247,8 @@ class RecoveryModule(L.LightningModule):
         o = self.options
         optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o["lr"],
                                       betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
-        schedule = get_scheduler(o["schedule"], optimizer, num_warmup_steps=o["warmup_steps"],
-                                 num_training_steps=int(self.trainer.estimated_stepping_batches))
+        horizon = o.get("schedule_steps") or int(self.trainer.estimated_stepping_batches)
+        schedule = get_scheduler(o["schedule"], optimizer, num_warmup_steps=o["warmup_steps"], num_training_steps=horizon)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
@@ -327,6 +327,35 @@ def zero_masks(model: torch.nn.Module, names: list[str] | None) -> dict[str, tor
     return masks
 
 
+def ties_embeddings(model: torch.nn.Module) -> bool:
+    """The model shares one tensor between its input embeddings and its LM head (the config's
+    `tie_word_embeddings`, as SmolLM2 and Gemma do)."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return False
+    try:
+        inputs, outputs = get_in(), get_out()
+    except (NotImplementedError, AttributeError):
+        return False
+    return inputs is not None and outputs is not None and outputs.weight is inputs.weight
+
+
+def tie_again(model: torch.nn.Module) -> None:
+    """The LM head shares the input embeddings' tensor again, and the config says so: peft's merge
+    replaces modules and, finding the two tensors apart, sets `tie_word_embeddings=False`, so the
+    export would store the head twice and a reload would hold two copies (SmolLM2: 150M parameters
+    for a 122M model). Neither is a LoRA target, so the two still hold the same values."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if outputs.weight is not inputs.weight:
+        if not torch.equal(outputs.weight, inputs.weight):
+            raise ValueError("the recovery changed the LM head apart from the input embeddings of a model that ties "
+                             "them; leave both out of recovery.lora.targets")
+        outputs.weight = inputs.weight
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        if hasattr(config, "tie_word_embeddings"):
+            config.tie_word_embeddings = True
+
+
 def adapted(model: torch.nn.Module, options: dict) -> torch.nn.Module:
     """The model to train: wrapped with a LoRA adapter (peft), or itself with every weight trainable."""
     if options["parameters"] == "full":
@@ -354,6 +383,7 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     train, val = data.split(data.examples(loaded.tokenizer))
     lora = options["parameters"] == "lora"
     masks = zero_masks(loaded.model, list(options["lora"]["targets"]) if lora else None)
+    tied = ties_embeddings(loaded.model)
     model = adapted(loaded.model, options)
     module = RecoveryModule(model, options, teacher)
     steps = StepLog()
@@ -384,7 +414,12 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     unmerged = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
     if lora and folder is not None:
         model.save_pretrained(folder / ADAPTER)
-    deployed = model.merge_and_unload() if lora else model
+    with warnings.catch_warnings():
+        if tied:  # peft's notice that the merge untied them: they are tied again below
+            warnings.filterwarnings("ignore", message="Input and output embeddings are no longer tied")
+        deployed = model.merge_and_unload() if lora else model
+    if tied:
+        tie_again(deployed)
     with torch.no_grad():
         for name, mask in masks.items():
             deployed.get_parameter(name).masked_fill_(mask, 0)

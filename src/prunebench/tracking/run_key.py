@@ -55,6 +55,8 @@ CONTRACT = (
     Field("pruner.tower", since="language"),
     Field("pruner.norm_sum", since="float64"),
     Field("recovery.loss_scaling", since="micro_batches"),
+    Field("recovery.windows", since="random"),
+    Field("recovery.schedule_steps", since=None),
     Field("task.tasks.*.judge.repeats", since=1),
     Field("task.tasks.*.judge.max_failure_rate", since=0.05),
 )
