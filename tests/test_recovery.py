@@ -58,7 +58,9 @@ def test_the_training_loss_decreases_over_steps(text_file, one_thread):
     # step-to-step noise of 2-example micro-batches (about 0.1 nats here)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3
     vals = [h["recovery/val_loss"] for h in history if "recovery/val_loss" in h]
-    assert [h["step"] for h in history if "recovery/val_loss" in h] == [4, 8] and vals[-1] < vals[0]
+    # every val_every steps, and at the end whatever val_every was
+    assert [h["step"] for h in history if "recovery/val_loss" in h] == [4, 8, 10] and vals[-1] < vals[0]
+    assert [h["step"] for h in history if "recovery/eval_loss" in h] == [4, 8, 10]
     assert [h["recovery/lr"] for h in history if "recovery/lr" in h][0] == pytest.approx(1e-2)  # no warm-up: the peak first
     assert metrics["recovery/tokens"] == 10 * 4 * 32  # 10 steps of 4 full windows, within the first epoch (46)
 
@@ -179,7 +181,7 @@ def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(st
     (pruned,) = client.search_runs(client.get_experiment_by_name("prunebench").experiment_id,
                                    "tags.`prunebench.recovery` = 'lora'")
     assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/train_loss")] == [1, 2, 3]
-    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/val_loss")] == [2]
+    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/val_loss")] == [2, 3]
     assert len(client.get_metric_history(pruned.info.run_id, "recovery/lr")) == 3
     for key in ("recovery/tokens", "recovery/seconds", "recovery/peak_host_gb", "recovery/loss_deployed",
                 "recovery/remask_loss_delta"):
@@ -306,3 +308,31 @@ def test_the_schedule_runs_over_schedule_steps_whatever_the_steps_trained(text_f
 def test_lora_slicegpt_steps_one_example_at_a_time():
     rec = compose_cfg(TINY_MC + ["recovery=lora_slicegpt"]).recovery
     assert (rec.batch_size, rec.micro_batch_size, rec.schedule_steps, rec.windows) == (1, 1, 9180, "disjoint")
+
+
+def test_alpaca_offline_is_refused_naming_the_file_to_give(monkeypatch):
+    import huggingface_hub.constants
+    import prunebench.hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(prunebench.hub, "_dataset_unreachable", lambda repo: "ConnectError: no network")
+    with pytest.raises(ConfigError, match=r"recovery.data=alpaca reads the hub dataset 'yahma/alpaca-cleaned'.*"
+                                          r"\(ConnectError: no network.*recovery.data=file recovery.path=FILE") as err:
+        validate(compose_cfg(TINY_MC + ["recovery=lora_llm_pruner"]))
+    assert "data_dir" not in str(err.value)
+
+
+def test_a_run_shorter_than_its_warm_up_is_refused_with_the_numbers(text_file):
+    cfg = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.max_steps=20", "recovery.warmup_steps=100"))
+    with pytest.raises(ConfigError, match=r"recovery.max_steps=20 ends inside recovery.warmup_steps=100: the whole run would "
+                                          r"be warm-up, the learning rate rising from 0 to 1.9e-05 at step 20 and never "
+                                          r"reaching recovery.lr=0.0001 .*recovery.warmup_steps=2"):
+        validate(cfg)
+
+
+def test_the_progress_bar_counts_optimizer_steps_of_max_steps(text_file, capsys, one_thread):
+    recovered([*recovery_overrides(text_file, "recovery.max_steps=3", "sparsity=0.3"), "trainer.enable_progress_bar=true"])
+    captured = capsys.readouterr()
+    err = captured.out + captured.err  # Lightning's tqdm bars write to stdout
+    assert "recovery steps" in err and "3/3" in err
+    assert "Epoch" not in err and "/-" not in err

@@ -20,3 +20,11 @@ def check_options(options: dict) -> None:
     horizon = options.get("schedule_steps")
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
         raise ValueError(f"recovery.schedule_steps={horizon!r} must be a positive integer or null (the training's steps)")
+    steps, warmup = options.get("max_steps"), options.get("warmup_steps") or 0
+    if steps and warmup >= steps:
+        horizon = options.get("schedule_steps") or steps
+        reached = options["lr"] * (steps - 1) / warmup  # the schedule's rate at the last step (counted from 0)
+        raise ValueError(f"recovery.max_steps={steps} ends inside recovery.warmup_steps={warmup}: the whole run would be "
+                         f"warm-up, the learning rate rising from 0 to {reached:.3g} at step {steps} and never reaching "
+                         f"recovery.lr={options['lr']:g} (the schedule runs over {horizon} steps); set "
+                         f"recovery.warmup_steps below {steps}, e.g. recovery.warmup_steps={max(steps // 10, 0)}")

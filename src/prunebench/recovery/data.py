@@ -23,7 +23,7 @@ from prunebench.calibration import Calibration
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
 from prunebench.evaluation.encoding import window_prefix
-from prunebench.hub import deferring
+from prunebench.hub import HubUnreachable, deferring
 
 DATA = ("alpaca", "file", "wikitext2", "task")
 RECORD_KEYS = ("instruction", "output")
@@ -105,7 +105,14 @@ class RecoveryData:
         examples. Text is counted here at one byte a token at most (its tokens are not known before
         the tokenizer loads); `examples` counts them again once they are."""
         if self.kind == "alpaca":
-            Alpaca().check()
+            try:
+                Alpaca().check()
+            except HubUnreachable as err:  # the generic text names data_dir, which alpaca never reads
+                reason = str(err).partition(" was not reached by one request ")[2] or "no answer"
+                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and the hub was not "
+                                     f"reached by one request {reason.split('; without network')[0]}; without network "
+                                     f"give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
+                                     f"alpaca_data_cleaned.json: a JSON list of {{instruction, input, output}})") from None
             return
         if self.kind != "file":
             self.corpus().check()

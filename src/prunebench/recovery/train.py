@@ -247,7 +247,12 @@ class RecoveryModule(L.LightningModule):
         o = self.options
         optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o["lr"],
                                       betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
-        horizon = o.get("schedule_steps") or int(self.trainer.estimated_stepping_batches)
+        steps = int(self.trainer.estimated_stepping_batches)
+        horizon = o.get("schedule_steps") or steps
+        if o["warmup_steps"] >= steps:  # max_steps is refused before; epochs are counted only once the data is
+            log.warning("recovery: the training's %d optimizer steps end inside its recovery.warmup_steps=%d: the "
+                        "learning rate never reaches recovery.lr=%g (set recovery.warmup_steps below %d)",
+                        steps, o["warmup_steps"], o["lr"], steps)
         schedule = get_scheduler(o["schedule"], optimizer, num_warmup_steps=o["warmup_steps"], num_training_steps=horizon)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -311,6 +316,33 @@ class StepLog(L.Callback):
         self.history.append({"step": step, **values})
         if mlflow.active_run() is not None:
             mlflow.log_metrics(values, step=step)
+
+
+class StepProgress(L.pytorch.callbacks.TQDMProgressBar):
+    """One bar over the whole training in optimizer steps, of `max_steps` (else the epochs' steps),
+    instead of Lightning's bar of each epoch's micro-batches (which, with max_steps and no epochs,
+    reads "Epoch 2/-2 ... 16/1"); a resumed training starts it at its checkpoint's step."""
+
+    def on_train_start(self, trainer, module) -> None:
+        from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+
+        self.train_progress_bar = self.init_train_tqdm()
+        self.train_progress_bar.reset(total=int(trainer.estimated_stepping_batches))
+        self.train_progress_bar.set_description("recovery steps")
+        _update_n(self.train_progress_bar, trainer.global_step)
+
+    def on_train_epoch_start(self, trainer, *_) -> None:
+        pass
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+
+        if self.train_progress_bar is not None and self.train_progress_bar.n != trainer.global_step:
+            _update_n(self.train_progress_bar, trainer.global_step)
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, module))
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        pass
 
 
 def zero_masks(model: torch.nn.Module, names: list[str] | None) -> dict[str, torch.Tensor]:
@@ -393,6 +425,8 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
         (folder / CHECKPOINT).parent, filename=Path(CHECKPOINT).stem, every_n_train_steps=options["checkpoint_every"],
         save_top_k=1, enable_version_counter=False)] if folder is not None and options["checkpoint_every"] else []
     callbacks = [steps, *checkpoints]
+    if trainer_cfg.get("enable_progress_bar", True):
+        callbacks.append(StepProgress())
     if options["early_stopping_patience"]:
         callbacks.append(L.pytorch.callbacks.EarlyStopping("recovery/val_loss", patience=options["early_stopping_patience"]))
     trainer = instantiate(trainer_cfg, max_epochs=None if options["max_steps"] else options["epochs"],
@@ -411,7 +445,11 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
         warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
-    unmerged = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["recovery/val_loss"]
+    final = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
+    unmerged = final["recovery/val_loss"]
+    if not any(h["step"] == trainer.global_step and "recovery/val_loss" in h for h in steps.history):
+        # every curve ends on a validation point: the adapter as trained, whatever val_every was
+        steps.record(trainer.global_step, {key: float(final[key]) for key in ("recovery/val_loss", "recovery/eval_loss")})
     if lora and folder is not None:
         model.save_pretrained(folder / ADAPTER)
     with warnings.catch_warnings():
