@@ -192,7 +192,7 @@ def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(st
 
 
 def test_a_recovered_export_reloads_to_the_same_predictions_and_ships_the_adapter(store, tmp_path, text_file, calib_text,
-                                                                                  monkeypatch, one_thread):
+                                                                                  monkeypatch, capsys, one_thread):
     from peft import PeftModel
     from test_export import round_trip
 
@@ -202,6 +202,12 @@ def test_a_recovered_export_reloads_to_the_same_predictions_and_ships_the_adapte
     pruned, _, folder, _ = round_trip("tiny-llama", [*pruning, *recovery_overrides(text_file, "recovery.max_steps=2")],
                                       tmp_path)
     assert pruned.data.tags["prunebench.recovery"] == "lora"
+    # prunebench-export cannot repeat the fine-tune, and says where the run's own export is
+    from prunebench.export.cli import main as export_main
+
+    assert export_main([pruned.info.run_id]) == 2
+    said = capsys.readouterr().err
+    assert f"was exported when it ran: {pruned.data.tags['prunebench.export']}" in said and "rerun" not in said
     # the adapter as trained, on the pruned model, merges into exactly the exported weights (the
     # same additions in the same order: no re-masking on a structured model)
     loaded, _, _, _ = prune(compose_cfg(TINY_MC + pruning), dense=False)
@@ -336,3 +342,14 @@ def test_the_progress_bar_counts_optimizer_steps_of_max_steps(text_file, capsys,
     err = captured.out + captured.err  # Lightning's tqdm bars write to stdout
     assert "recovery steps" in err and "3/3" in err
     assert "Epoch" not in err and "/-" not in err
+
+
+def test_the_plan_costs_a_recovered_cell_with_its_training(text_file):
+    from prunebench.plan import work_class
+
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude"]), set()) == "eval"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude", *recovery_overrides(text_file, "recovery.max_steps=20")]),
+                      set()) == "eval+recovery(20 steps)"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude", "recovery=lora_llm_pruner"]), set()) == \
+        "eval+recovery(2 epochs)"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=none", "recovery=lora"]), set()) == "eval"  # dense: not recovered
