@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded, _, _, before = prune(cfg, dense=False, exporting=True)
     print(f"pruned in {time.perf_counter() - start:.0f} s", flush=True)
     pruned_params = count_parameters(loaded.model)
+    nonzero = count_parameters(loaded.model, nonzero=True)
     reference = copy.deepcopy(loaded.model)
     tokenizer = loaded.tokenizer
     data = recovery_data(cfg)
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               "steps": [{"step": i + 1, "ours": a, "trainer": b, "diff": a - b} for i, (a, b) in enumerate(zip(ours, theirs))],
               "max_step_loss_diff": max(abs(a - b) for a, b in zip(ours, theirs)), "max_lora_diff": lora_diff,
               "tied_before": tied_before, "tied_after": tied, "params_pruned": pruned_params, "params_recovered": count_parameters(loaded.model),
+              "nonzero_delta": count_parameters(loaded.model, nonzero=True) - nonzero,
               "params_export_reloaded": count_parameters(reloaded), "ours_s": ours_s, "trainer_s": theirs_s}
     for row in result["steps"]:
         print(f"step {row['step']}: ours {row['ours']:.7f}  Trainer {row['trainer']:.7f}  diff {row['diff']:+.2e}")
