@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"overrides": overrides, "scaling": args.scaling, "threads": args.threads,
               "steps": [{"step": i + 1, "ours": a, "trainer": b, "diff": a - b} for i, (a, b) in enumerate(zip(ours, theirs))],
               "max_step_loss_diff": max(abs(a - b) for a, b in zip(ours, theirs)), "max_lora_diff": lora_diff,
-              "tied_before": tied_before, "tied_after": tied, "params_pruned": pruned_params, "params_recovered": count_parameters(loaded.model),
+              "tied_before": tied_before, "tied_after": tied, "params_pruned": pruned_params,
+              "params_recovered": count_parameters(loaded.model),
               "nonzero_delta": count_parameters(loaded.model, nonzero=True) - nonzero,
               "params_export_reloaded": count_parameters(reloaded), "ours_s": ours_s, "trainer_s": theirs_s}
     for row in result["steps"]:
