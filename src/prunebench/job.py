@@ -59,8 +59,17 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     if cfg.tracking.skip_existing and (done := store.finished_run(uri, exp_id, key)):
         log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
         if cfg.get("export"):
-            log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
-                        "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
+            exported = done.data.tags.get("prunebench.export")
+            if exported:
+                log.warning("export=true: run %s is FINISHED and was not run again; its model was exported when it "
+                            "ran: %s", done.info.run_id, exported)
+            elif recovering(cfg) and not dense:  # prunebench-export cannot repeat a recovery's training
+                log.warning("export=true: run %s is FINISHED and was not run again, without an export; its recovered "
+                            "model is written only by running it again: tracking.skip_existing=false export=true",
+                            done.info.run_id)
+            else:
+                log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
+                            "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
         if parent_run_id:
             record_cell(uri, parent_run_id, done)
         return None

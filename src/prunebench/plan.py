@@ -65,8 +65,10 @@ def size_class(model: DictConfig) -> str:
 
 def work_class(cfg: DictConfig, scored: set[str]) -> str:
     """What the job computes: scoring is paid by the first job of a (model, scorer, calib) group and
-    read from the score cache by the others; MoP re-scores as it prunes, in every job."""
+    read from the score cache by the others; MoP re-scores as it prunes, in every job; a recovery
+    adds its training (hours on a real model), in optimizer steps or epochs."""
     from prunebench.pruning import score_identity
+    from prunebench.tracking.run_key import recovering
 
     pruner = instantiate(cfg.pruner, _convert_="all")  # an option may decide `cacheable` (wanda's sequential)
     if is_dense(cfg) or not pruner.needs_calibration:
@@ -77,6 +79,9 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
         key = content_key(score_identity(cfg, True))
         work = "eval (scores shared)" if key in scored else "score+eval"
         scored.add(key)
+    if recovering(cfg) and not is_dense(cfg):
+        rec = cfg.recovery
+        work += f"+recovery({rec.max_steps} steps)" if rec.max_steps else f"+recovery({rec.epochs} epochs)"
     return work + ("+latency" if cfg.bench.name != "none" else "")
 
 

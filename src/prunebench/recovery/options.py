@@ -3,12 +3,13 @@ counts, the model family it trains, a sequence length the model reads, and its d
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
 from prunebench.api.seeds import torch_seed
 from prunebench.hub import deferring
 from prunebench.models.pretrained import POSITION_KEYS
+from prunebench.recovery.checks import check_options
 from prunebench.recovery.data import recovery_data
 
 # the families whose causal LM a recovery trains (an adapter on their Linear projections)
@@ -53,6 +54,7 @@ def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | N
                           f"(model.max_length, else its config's {' / '.join(POSITION_KEYS)}); set recovery.seq_len<={context}")
     try:
         torch_seed("recovery.seed", rec.seed)
+        check_options(OmegaConf.to_container(rec, resolve=True))
         data = recovery_data(cfg, deferred)
         with deferring(deferred):
             data.check()

@@ -54,6 +54,9 @@ CONTRACT = (
     # added after runs were stored, at what those runs did
     Field("pruner.tower", since="language"),
     Field("pruner.norm_sum", since="float64"),
+    Field("recovery.loss_scaling", since="micro_batches"),
+    Field("recovery.windows", since="random"),
+    Field("recovery.schedule_steps", since=None),
     Field("task.tasks.*.judge.repeats", since=1),
     Field("task.tasks.*.judge.max_failure_rate", since=0.05),
 )
