@@ -53,7 +53,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
         lm_eval_rows(cfg.get("eval") or {})
         chat.check(cfg)
     except ValueError as err:
-        raise ConfigError(str(err)) from err
+        raise ConfigError(str(err)) from None
     config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for the checks below
     check_model_folder(cfg.model)
     if float(cfg.sparsity) > 0:
@@ -64,10 +64,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
     with deferring(deferred):  # a plan: a dataset only the hub has is noted, not asked for
         tasks = build_tasks(cfg)
     check_tasks(tasks, cfg.model)
-    try:
-        chat.check_tasks(cfg, built(tasks))
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    chat.check_tasks(cfg, built(tasks))  # a ConfigError
     context = model_context(cfg.model, {} if config is None else config)  # {}: not read a second time
     check_generation_budget(built(tasks), cfg.model, context)
     if recovering(cfg) and not is_dense(cfg):  # a dense job trains nothing (its run key leaves recovery out)
