@@ -116,7 +116,7 @@ def test_an_unknown_mask_rule_is_refused():
 
 @pytest.mark.parametrize("sparsity", [0.3, 0.5])
 def test_dense_norm_wanda_masks_equal_the_formula_on_dense_activations(sparsity):
-    """sequential=false; the released order (the default) is tests/test_wanda_release.py's."""
+    """sequential=false; the released order (the default) is tests/pruners/test_wanda_release.py's."""
     loaded = tiny()
     before = weights(loaded.model)
     cal = calib()
