@@ -9,7 +9,6 @@ from prunebench.api.errors import ConfigError
 from prunebench.api.seeds import torch_seed
 from prunebench.hub import deferring
 from prunebench.models.pretrained import POSITION_KEYS
-from prunebench.recovery.checks import check_options
 from prunebench.recovery.data import recovery_data
 
 # the families whose causal LM a recovery trains (an adapter on their Linear projections)
@@ -18,6 +17,8 @@ CHOICES = {"objective": ("lm", "distill"), "parameters": ("lora", "full")}
 COUNTS = ("seq_len", "batch_size", "micro_batch_size", "epochs", "val_samples", "val_every")
 OPTIONAL_COUNTS = ("max_steps", "n_samples", "early_stopping_patience")
 POSITIVE = ("lr", "temperature")
+LOSS_SCALINGS = ("tokens", "micro_batches")
+WINDOWS = ("random", "disjoint")
 
 
 def positive_int(value) -> bool:
@@ -60,3 +61,27 @@ def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | N
             data.check()
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(str(err)) from None
+
+
+def check_options(options: dict) -> None:
+    """How the steps are scaled and scheduled and the windows drawn (`options`: the resolved `recovery`
+    config); ValueError naming the value and what would be valid."""
+    scaling = options.get("loss_scaling", "tokens")
+    if scaling not in LOSS_SCALINGS:
+        raise ValueError(f"recovery.loss_scaling={scaling!r}; valid: {list(LOSS_SCALINGS)} (tokens: the step's loss "
+                         f"divided by its labelled tokens, as transformers' Trainer since 4.46; micro_batches: the "
+                         f"mean of the micro-batches' means, as before it)")
+    windows = options.get("windows", "random")
+    if windows not in WINDOWS:
+        raise ValueError(f"recovery.windows={windows!r}; valid: {list(WINDOWS)}")
+    horizon = options.get("schedule_steps")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ValueError(f"recovery.schedule_steps={horizon!r} must be a positive integer or null (the training's steps)")
+    steps, warmup = options.get("max_steps"), options.get("warmup_steps") or 0
+    if steps and warmup >= steps:
+        horizon = options.get("schedule_steps") or steps
+        reached = options["lr"] * (steps - 1) / warmup  # the schedule's rate at the last step (counted from 0)
+        raise ValueError(f"recovery.max_steps={steps} ends inside recovery.warmup_steps={warmup}: the whole run would be "
+                         f"warm-up, the learning rate rising from 0 to {reached:.3g} at step {steps} and never reaching "
+                         f"recovery.lr={options['lr']:g} (the schedule runs over {horizon} steps); set "
+                         f"recovery.warmup_steps below {steps}, e.g. recovery.warmup_steps={max(steps // 10, 0)}")
