@@ -36,7 +36,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from prunebench.api.errors import ConfigError, refuse
-from prunebench.tracking import cells, claim, server, store
+from prunebench.tracking import cells, claim, interrupts, server, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
@@ -231,7 +231,7 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
         client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
     try:
         # a resumed sweep whose every job was done before still reports its grid
-        if report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
+        if report and (counts["FINISHED"] or counts["FAILED"] or cell_run_ids(client.get_run(run_id))):
             out = get_method(report)(experiment, run_id, sweep_dir / "report")
             client.log_artifacts(run_id, str(out), "report")
             describe(client, run_id, (out / "results.md").read_text())
@@ -327,6 +327,9 @@ def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: f
     except BaseException:
         cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
         raise
+    if interrupts.received:  # a Ctrl-C a library swallowed: the job and the sweep stop here
+        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
+        interrupts.check()
     cells.job_tag(client, parent_run_id, num, {**state, "state": "SKIPPED" if end.skipped else "FINISHED",
                                                "end": time.time()})
     close_quietly(uri, parent_run_id, stale_s)
