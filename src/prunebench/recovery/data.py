@@ -118,10 +118,13 @@ class RecoveryData:
                 Alpaca().check()
             except HubUnreachable as err:  # the generic text names data_dir, which alpaca never reads
                 reason = str(err).partition(" was not reached by one request ")[2] or "no answer"
-                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and the hub was not "
-                                     f"reached by one request {reason.split('; without network')[0]}; without network "
-                                     f"give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
-                                     f"alpaca_data_cleaned.json: a JSON list of {{instruction, input, output}})") from None
+                offline = "HF_HUB_OFFLINE=1 while no cache holds it" in str(err)
+                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and " + (
+                                     "HF_HUB_OFFLINE=1 while no cache holds it" if offline else
+                                     f"the hub was not reached by one request {reason.split('; without network')[0]}") +
+                                     "; without network "
+                                     "give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
+                                     "alpaca_data_cleaned.json: a JSON list of {instruction, input, output})") from None
             return
         if self.kind != "file":
             self.corpus().check()
@@ -156,7 +159,9 @@ class RecoveryData:
             if self.kind == "file":
                 check_records(rows, str(self.path))
             made = [self.instruction_example(tokenizer, row) for row in rows]
-            return [e for e in made if any(label != IGNORED for label in e["labels"][1:])]
+            kept = [e for e in made if any(label != IGNORED for label in e["labels"][1:])]
+            self.dropped = len(made) - len(kept)
+            return kept
         return self.windows(tokenizer)
 
     def instruction_example(self, tokenizer, row: dict) -> dict[str, list[int]]:
@@ -196,9 +201,13 @@ class RecoveryData:
         train_test_split holds out its validation set. ValueError when the rest is under one batch."""
         held, batch = self.options["val_samples"], self.options["batch_size"]
         if len(examples) - held < batch:
+            dropped = getattr(self, "dropped", 0)
+            why = (f"; {dropped} record(s) were dropped because their prompt fills recovery.seq_len="
+                   f"{self.options['seq_len']} tokens, leaving no response token to learn (the prompt's labels are "
+                   f"ignored): raise recovery.seq_len, or set recovery.train_on_inputs=true" if dropped else "")
             raise ValueError(f"recovery data {sorted(self.data_ids())}: {len(examples)} examples of "
                              f"recovery.seq_len={self.options['seq_len']} tokens leave fewer than one batch "
-                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out")
+                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out{why}")
         order = list(range(len(examples)))
         random.Random(self.options["seed"]).shuffle(order)
         return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
