@@ -96,8 +96,9 @@ class TextFile(TextCorpus):
         return ["".join(self.pieces())]
 
     def pieces(self, size: int = 1 << 20):
-        """The plain text file's text in pieces of about `size` characters, each ending at a line end or
-        a space where one is near (so that a piece's tokens are those of the whole text), read `size`
+        """The plain text file's text in pieces of about `size` characters, each cut before a line end or
+        a space where one is near (so that the pieces' tokens are, but for a rare merge across a cut,
+        those of the whole text; a text shorter than `size` is one piece), read `size`
         bytes at a time: memory stays that of a piece whatever the file's size, one line of 29 MB
         included. Bytes that are not UTF-8 name the file, the line, the byte and the option."""
         import codecs
@@ -122,12 +123,14 @@ class TextFile(TextCorpus):
                     if text:
                         yield universal(text)
                     return
+                # before a space or a line end: byte-level BPE joins a space to the word after it
                 cut = max(text.rfind("\n", len(text) // 2), text.rfind(" ", len(text) // 2))
-                cut = len(text) - 1 if cut < 0 else cut  # no space in its second half: cut anywhere
-                if text.endswith("\r"):  # a CRLF perhaps split between two reads: the CR waits
-                    cut = min(cut, len(text) - 2)
-                yield universal(text[:cut + 1])
-                carry = text[cut + 1:]
+                if cut <= 0:  # none in its second half: anywhere, but a CR waits for the LF it may precede
+                    cut = len(text) - 1 if text.endswith("\r") else len(text)
+                elif text[cut - 1] == "\r":
+                    cut -= 1
+                yield universal(text[:cut])
+                carry = text[cut:]
 
     def data_ids(self) -> set[str]:
         return {data_id(self.path)}

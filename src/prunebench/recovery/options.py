@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import warnings
+import re
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -104,27 +104,24 @@ def _config_key(config) -> str:
 
 @functools.cache
 def _target_names(config_key: str, targets: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(the model's Linear layers' names, the targets peft finds nothing for)."""
+    """(the model's Linear layers' names, the targets that name nothing peft adapts): a module's
+    last name, or a fused expert parameter's (a 3-d `gate_up_proj`, which peft adapts for the targets
+    gate_proj and up_proj as for gate_up_proj)."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-    def meta_model():
-        stated = json.loads(config_key)
-        built = (PretrainedConfig.from_dict(stated) if "model_type" not in stated
-                 else AutoConfig.for_model(**stated))
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(built)
-
-    model = meta_model()
-    leaves = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+    stated = json.loads(config_key)
+    built = PretrainedConfig.from_dict(stated) if "model_type" not in stated else AutoConfig.for_model(**stated)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(built)
+    names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.dim() >= 3:
+                names |= {name, *(f"{part}_proj" for part in FUSED.findall(name))}
     linear = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-    unmatched = []
-    for target in (t for t in targets if t not in leaves):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                get_peft_model(meta_model(), LoraConfig(r=1, target_modules=[target]))
-        except ValueError:
-            unmatched.append(target)
-    return linear, unmatched
+    return linear, [t for t in targets if t not in names]
+
+
+# the projections a fused parameter's name joins (gate_up_proj: gate, up)
+FUSED = re.compile(r"([a-z]+)_(?=[a-z_]*proj$)")

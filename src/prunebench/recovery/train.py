@@ -404,10 +404,10 @@ def adapted(model: torch.nn.Module, options: dict) -> torch.nn.Module:
                           bias="none", task_type="CAUSAL_LM")
 
     targets = list(lora["targets"])
-    # a target that names no Linear is what peft adapts as a fused parameter (an MoE's experts:
+    # a target that names no module is what peft adapts as a fused parameter (an MoE's experts:
     # ParamWrapper), which refuses dropout: those get an adapter of their own, without it
-    linear = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    plain, fused = [t for t in targets if t in linear], [t for t in targets if t not in linear]
+    modules = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+    plain, fused = [t for t in targets if t in modules], [t for t in targets if t not in modules]
     if not fused or not lora["dropout"]:
         return get_peft_model(model, config(targets, lora["dropout"]))
     if not plain:
