@@ -17,6 +17,11 @@ from prunebench.tracking.store import missing_store, tracking_uri
 from prunebench.tracking.sweep import describe
 
 
+def file_in_the_way(out: Path) -> Path | None:
+    """The file at `out`, or at a folder above it, that keeps the report's folder from being made."""
+    return next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prunebench-report", description=__doc__)
     parser.add_argument("--experiment", default="prunebench", help="MLflow experiment name")
@@ -65,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prunebench-report: run {sweep} is a job, not a sweep's parent run (--sweep takes a sweep; "
                   f"--all reports the whole experiment)", file=sys.stderr)
             return NOT_FOUND
+    if (not_folder := file_in_the_way(Path(args.out))) is not None:
+        print(f"prunebench-report: --out {args.out}: {not_folder} is a file, not a folder; give a folder for "
+              f"results.md, results.csv and the plots (made if missing)", file=sys.stderr)
+        return 2
     try:
         out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout, args.max_drop,
                            args.correction)
