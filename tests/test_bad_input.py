@@ -183,13 +183,24 @@ CASES = {
     "offline alpaca recovery not in the cache": ([json.dumps(GOOD)], ["pruner=magnitude", "recovery=lora"],
                                                  ["recovery.data=alpaca", "HF_HUB_OFFLINE=1 while no cache holds it",
                                                   "recovery.data=file recovery.path=FILE"]),
+    # the docs' own data: ../shared/data has wiki.test.raw and wiki.valid.raw, no wiki.train.raw
+    "wikitext2 train missing for calibration": ([json.dumps(GOOD)], ["pruner=wanda", "calib=wikitext2",
+                                                                     "data_dir={tmp}/data"],
+                                                ["wiki.train.raw' does not exist", "present: ['wiki.test.raw', "
+                                                 "'wiki.valid.raw']", "calib.split=validation",
+                                                 "recovery.data=file recovery.path=FILE"]),
+    "wikitext2 train missing for recovery": ([json.dumps(GOOD)], ["pruner=magnitude", "recovery=lora",
+                                                                  "recovery.data=wikitext2", "data_dir={tmp}/data"],
+                                             ["wiki.train.raw' does not exist", "recovery.data=file recovery.path=FILE"]),
 }
 OFFLINE = {name for name in CASES if name.startswith("offline ")}
 # files a case writes beside its task file (under {tmp}, which its overrides name); None: a real PNG
 RECOVERY_FILES = {"rec.jsonl": "".join(json.dumps(ALPACA) + "\n" for _ in range(10)).encode(),
                   "latin1.txt": "one line\ncaf\xe9 au lait\n".encode("latin-1"), "weights.bin": bytes(range(256)) * 8,
                   "rec.jsonl.gz": b"\x1f\x8b\x08\x00 not gzip after its magic", "empty.txt": b""}
+SHARED_WIKITEXT = {"data/wikitext2/wiki.test.raw": b" = Test = \n", "data/wikitext2/wiki.valid.raw": b" = Valid = \n"}
 FILES = {**{name: RECOVERY_FILES for name in CASES if name.startswith("recovery ")},
+         **{name: SHARED_WIKITEXT for name in CASES if name.startswith("wikitext2 train missing")},
          "model.path an empty folder": {"empty/": None},
          "0-byte image": vizwiz({"a.png": None, "b.png": b""}),
          "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}

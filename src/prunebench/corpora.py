@@ -152,8 +152,11 @@ class WikiText2(TextCorpus):
         path = self.local_path()
         if path is not None and not path.is_file():
             present = sorted(p.name for p in path.parent.glob("wiki.*.raw")) if path.parent.is_dir() else []
+            ways = (f"; for calibration calib.split=validation reads {WIKITEXT2_FILES['validation']}, for a "
+                    f"recovery recovery.data=file recovery.path=FILE gives its text, or data_dir=null reads the hub's"
+                    if self.split == "train" else "")
             raise FileNotFoundError(f"wikitext2 split {self.split!r}: {str(path)!r} does not exist under "
-                                    f"data_dir={self.data_dir!r} (present: {present or 'none'})")
+                                    f"data_dir={self.data_dir!r} (present: {present or 'none'}){ways}")
         if path is None:
             require_dataset("wikitext", f"wikitext2 split {self.split!r}")
 
