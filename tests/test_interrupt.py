@@ -108,16 +108,23 @@ def test_sigkilled_sweep_is_closed_by_status_and_a_rerun_finishes_the_rest(store
     assert rows == [("0", "done"), ("1", "killed"), ("2", "left")], out
 
 
-def test_a_rerun_closes_the_sweep_killed_before_it(store):
+@pytest.mark.parametrize("closer", ["rerun", "report"])
+def test_the_next_sweep_or_report_closes_the_sweep_killed_before_it(store, tmp_path, closer):
     grid = "sparsity=0.1,0.2"
     kill_mid_job(start_sweep(grid), store, finished=0)
-    rerun = start_sweep(grid)
-    out, _ = rerun.communicate(timeout=HANG_GUARD_S)
-    assert rerun.returncode == 0, out[-4000:]
-    killed, newest = sweeps(store)
+    if closer == "rerun":
+        rerun = start_sweep(grid)
+        out, _ = rerun.communicate(timeout=HANG_GUARD_S)
+        assert rerun.returncode == 0, out[-4000:]
+        killed, newest = sweeps(store)
+        assert newest.info.status == "FINISHED" and counts(newest)["finished"] == "2"
+    else:
+        from prunebench.report.cli import main as report_main
+
+        report_main(["--all", "--out", str(tmp_path / "report"), "--tracking-uri", store])
+        (killed,) = sweeps(store)
     assert killed.info.status == "FAILED", killed.data.tags
     assert (counts(killed)["finished"], counts(killed)["killed"], counts(killed)["left"]) == ("0", "1", "1")
-    assert newest.info.status == "FINISHED" and counts(newest)["finished"] == "2"
     assert not [r for r in runs(store) if r.info.status == "RUNNING"]
 
 

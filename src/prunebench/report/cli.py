@@ -14,7 +14,7 @@ from prunebench.report.build import LAYOUTS, latest_sweep, write_report
 from prunebench.report.compare import NOT_FOUND, check_max_drop
 from prunebench.report.verdicts import CORRECTIONS
 from prunebench.tracking.store import missing_store, tracking_uri
-from prunebench.tracking.sweep import describe
+from prunebench.tracking.sweep import DEFAULT_STALE_S, close_orphans, describe
 
 
 def file_in_the_way(out: Path) -> Path | None:
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
               file=sys.stderr)
         return 2
+    # a sweep killed outright is closed first, so that the report reads its true state
+    close_orphans(uri, mlflow.get_experiment_by_name(args.experiment).experiment_id, DEFAULT_STALE_S)
     sweep = None if args.all else latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
     if sweep is not None and not args.all and args.sweep != "latest":
         try:

@@ -51,6 +51,7 @@ CLOSER_PARAM = "prunebench.closed_by"
 SUBMITTED_TAG = "prunebench.submitted"
 DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+DEFAULT_STALE_S = 300.0  # conf/tracking's claim.stale_s, for a reader without the sweep's config
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
@@ -193,8 +194,9 @@ def close_orphans(uri: str, experiment_id: str, stale_s: float) -> None:
         for parent in client.search_runs([experiment_id], "tags.`prunebench.sweep` = 'true' and "
                                                           "attributes.status = 'RUNNING'", max_results=100):
             if parent.data.tags.get(DETACHED_TAG) != "true" and cells.sweep_gone(parent):
-                end_gone_claims(client, parent.info.run_id, experiment_id, stale_s)
-                close_if_done(uri, parent.info.run_id, stale_s)
+                own = float(parent.data.tags.get(STALE_TAG, stale_s))
+                end_gone_claims(client, parent.info.run_id, experiment_id, own)
+                close_if_done(uri, parent.info.run_id, own)
     except Exception:
         log.exception("could not close the earlier sweeps whose process is gone")
 
