@@ -42,8 +42,9 @@ def runs(uri: str):
     return [] if exp is None else client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
 
 
-def kill_mid_job(proc: subprocess.Popen, uri: str, finished: int) -> None:
-    """SIGKILL once `finished` jobs have FINISHED and the next one's run is in the store, parameters logged."""
+def kill_mid_job(proc: subprocess.Popen, uri: str, finished: int, grace_s: float | None = None) -> None:
+    """SIGKILL once `finished` jobs have FINISHED and the next one's run is in the store, parameters
+    logged; with `grace_s`, SIGINT first and SIGKILL that long after it (a scheduler's grace period)."""
     runs(uri)
     deadline = time.monotonic() + HANG_GUARD_S
     with closing(sqlite3.connect(uri[len("sqlite:///"):], timeout=HANG_GUARD_S, isolation_level=None)) as db:
@@ -53,14 +54,21 @@ def kill_mid_job(proc: subprocess.Popen, uri: str, finished: int) -> None:
                 jobs = [r for r in runs(uri) if r.data.tags.get("prunebench.sweep") != "true"]
                 if (sum(r.info.status == "FINISHED" for r in jobs) == finished
                         and any(r.info.status == "RUNNING" and r.data.params for r in jobs)):
-                    proc.kill()
-                    proc.wait()
-                    return
+                    if grace_s is None:
+                        proc.kill()
+                        proc.wait()
+                        return
+                    proc.send_signal(signal.SIGINT)
+                    break
             finally:
                 db.execute("ROLLBACK")
             assert proc.poll() is None, f"the sweep ended (rc {proc.returncode}) before the job to kill"
             time.sleep(0.2)
-    raise AssertionError("the sweep never reached the job to kill")
+        else:
+            raise AssertionError("the sweep never reached the job to kill")
+    time.sleep(grace_s)  # the lock released: the interrupted job unwinds meanwhile, as far as it gets
+    proc.kill()
+    proc.wait()
 
 
 def sweeps(uri: str):
@@ -147,3 +155,16 @@ def test_ctrl_c_at_launch_closes_the_parent_with_what_ran(store, capsys, after_s
     assert [state for _, state in rows] in (["killed", "left"], ["left", "left"]), text
     assert "ETA" not in text, text
     assert counts(parent)["left"] in ("1", "2") and int(counts(parent)["finished"]) == 0, counts(parent)
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 0.3, 1.0])
+def test_ctrl_c_then_sigkill_mid_job_leaves_a_true_record(store, capsys, grace_s):
+    """SIGINT, then SIGKILL as a scheduler's grace period ends: wherever the unwinding was cut, the
+    next status shows the truth."""
+    kill_mid_job(start_sweep("sparsity=0.1,0.2,0.3"), store, finished=1, grace_s=grace_s)
+    rows, out = status_rows(capsys)
+    assert rows == [("0", "done"), ("1", "killed"), ("2", "left")], out
+    (parent,) = sweeps(store)
+    assert parent.info.status == "FAILED" and counts(parent)["finished"] == "1", out
+    assert (counts(parent)["killed"], counts(parent)["left"]) == ("1", "1"), counts(parent)
+    assert not [r for r in runs(store) if r.info.status == "RUNNING"]
