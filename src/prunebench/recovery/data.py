@@ -216,8 +216,9 @@ class RecoveryData:
 def streamed_windows(corpus, tokenizer, seq_len: int) -> list[list[int]]:
     """Consecutive windows as `token_windows` cuts the whole text's tokens (BOS first, then seq_len
     minus that many tokens, each token once, the last partial window dropped), the text tokenized a
-    piece at a time (`TextFile.pieces`): tokenizing a 29 MB text whole took 7 GB, a piece's tokens
-    are kept only until its windows are cut."""
+    piece at a time (`TextFile.pieces`): tokenized whole, a large text's every token and the
+    tokenizer's buffers for all of it were held at once; a piece's tokens are kept only until its
+    windows are cut."""
     prefix = window_prefix(tokenizer)
     step = seq_len - len(prefix)
     pieces = corpus.pieces() if hasattr(corpus, "pieces") else [corpus.text()]
