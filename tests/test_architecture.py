@@ -138,3 +138,19 @@ def test_every_module_is_named_in_docs_architecture():
     modules = [p for p in [*ROOT.rglob("*.py"), *(ROOT.parent / "hydra_plugins").rglob("*.py")]
                if p.name not in ("__init__.py", "__main__.py")]
     assert [str(p) for p in modules if not re.search(rf"\b{re.escape(p.stem)}\b", text)] == []
+
+
+def test_tests_mirror_the_packages_and_import_no_test_module():
+    """tests/<package>/ holds the tests of src/prunebench/<package>/ (the top level: the top-level
+    modules'); what test modules share is in conftest.py or tests/helpers/, never in a test module."""
+    tests = ROOT.parents[1] / "tests"
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders <= packages, folders - packages
+    modules = {p.stem for p in tests.rglob("test_*.py")}
+    assert len(modules) == len(list(tests.rglob("test_*.py"))), "two test modules share a name"
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.split(".")[0] in modules], f"{path} imports a test module: {names}"

@@ -25,8 +25,7 @@ def quoted(value: str) -> str:
 def listing(searchpath: tuple[str, ...] = ()) -> str:
     """One line per group, `  group: option, option, ...`. Hydra's loader takes an extra search path
     only as an override (its repository is built from the primary config's), hence the quoting.
-    Hydra resolves the help text in every run, not only for --help: once per process and search
-    path (0.14 s a listing)."""
+    Hydra resolves the help text in every run, not only for --help: once per process and search path."""
     loader = GlobalHydra.instance().config_loader()
     overrides = [f"hydra.searchpath=[{','.join(quoted(p) for p in searchpath)}]"] if searchpath else []
     groups = [*sorted(g for g in loader.get_group_options("", ObjectType.GROUP, overrides=overrides)

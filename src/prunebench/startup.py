@@ -43,8 +43,8 @@ def load_libraries() -> None:
     imports, once a job is known to run. Lightning sets its logger to INFO when it is imported, after
     Hydra configured the job's logging: inside a Hydra job that configuration (with hydra.verbose) is
     then applied again, only by the job that imported them: not by a sweep's later jobs, which Hydra's
-    own configuration finds with Lightning loaded (some 0.03 s a time: `logging.config` clears every
-    logger's cache for each logger it sets)."""
+    own configuration finds with Lightning loaded (`logging.config` clears every logger's cache for
+    each logger it sets)."""
     imported = len(sys.modules)
     with collector.importing():
         skip_gpu_compiler()
@@ -61,7 +61,7 @@ def load_libraries() -> None:
 def skip_gpu_compiler() -> None:
     """Triton compiles GPU kernels and nothing else, yet torch._dynamo (which Lightning imports)
     imports it whenever it is installed, as torch's wheel has it installed: on a host with no GPU that
-    is 70 MB of a job's resident memory and 0.1-0.3 s of start-up for nothing. There it is marked
+    is tens of MB of a job's resident memory and a share of its start-up for nothing. There it is marked
     absent, the way Python spells a module that cannot be imported, so torch takes its own no-Triton
     path (its CPU compiler needs none); a host with a GPU, or a process that imported it already,
     keeps it."""

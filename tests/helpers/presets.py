@@ -4,6 +4,7 @@ the grid sizes the README's "Paper presets" table states (tests/test_presets.py,
 from __future__ import annotations
 
 from conftest import FIXTURES
+
 from helpers.vlm_fixtures import SUITE_TASKS
 
 # grid jobs, dense baselines: the README's "Paper presets" table states these

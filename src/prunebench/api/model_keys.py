@@ -8,7 +8,7 @@ PLANNING_KEYS = ("params_b",)
 
 def machine_dtype(device: str) -> str:
     """`model.dtype=auto`: bf16 where the hardware computes it natively (a CUDA GPU that supports
-    it; a CPU with AVX512-BF16 or AMX, where gemma3-270m scored 2.6x faster in bf16 than in fp32),
+    it; a CPU with AVX512-BF16 or AMX, where bf16 matmuls run natively; README's times),
     else fp16 on an older GPU and fp32 on other CPUs. torch's CPU feature probes are the only
     portable ones it has, private as they are."""
     import torch

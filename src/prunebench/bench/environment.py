@@ -50,7 +50,7 @@ def read_bandwidth(device: torch.device) -> float:
     """Bytes/s a full read of a buffer larger than the caches achieves (a sum reads each byte once,
     the access pattern of a weight matrix in a batch-1 decode step): the machine's, measured once per
     process, device and thread count, so a sweep's jobs share one floor as they share the dense
-    model's timing (0.2 s a job on the 2-core test machine)."""
+    model's timing, and none pays for measuring it again."""
     return measured_bandwidth(str(device), torch.get_num_threads())
 
 

@@ -16,12 +16,12 @@ chat_template.jinja, additional_chat_templates/) or a preset's GGUF header, neve
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from prunebench.api.chat_format import ChatFormat, chat_format
 from prunebench.api.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,57 +30,6 @@ log = logging.getLogger(__name__)
 FEWSHOT_DELIMITER = "\n\n"
 # model families whose tokenizers prompt a causal language model (a VLM's processor has its own template)
 CHAT_FAMILIES = ("causal_lm", "moe")
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    """`template`: False (raw prompts), True (the tokenizer's template; its `default` where it has
-    several) or the name of one of its templates."""
-
-    template: bool | str = False
-    multiturn: bool = False
-    system: str | None = None
-
-    @property
-    def templated(self) -> bool:
-        return self.template is not False
-
-    @property
-    def plain(self) -> bool:
-        """What every run did before these options existed: the prompts as they were."""
-        return not self.templated and not self.multiturn and self.system is None
-
-    def label(self) -> str:
-        """What a report's heading says (`chat=template`, `chat=none`), each option that changes the
-        prompt named, a system instruction by a digest of its text."""
-        words = ["none" if not self.templated else "template" if self.template is True else f"template:{self.template}"]
-        if self.multiturn:
-            words.append("multiturn")
-        if self.system is not None:
-            words.append(f"system@{hashlib.sha256(self.system.encode()).hexdigest()[:8]}")
-        return "+".join(words)
-
-
-def chat_format(options) -> ChatFormat:
-    """The eval node's three options, each checked (ValueError naming the value and what is valid)."""
-    get = options.get if hasattr(options, "get") else lambda key, default=None: default
-    template, multiturn, system = (get("chat_template", False), get("fewshot_as_multiturn", False),
-                                   get("system_instruction", None))
-    if template is None:
-        template = False
-    if not isinstance(template, (bool, str)) or template == "":
-        raise ValueError(f"eval.chat_template={template!r}: true (the tokenizer's chat template), false (raw "
-                         f"prompts) or the name of one of the tokenizer's templates")
-    if template in ("true", "false"):  # a quoted boolean from a shell or a sweep's string
-        template = template == "true"
-    if not isinstance(multiturn, bool):
-        raise ValueError(f"eval.fewshot_as_multiturn={multiturn!r}: true or false")
-    if system is not None and not isinstance(system, str):
-        raise ValueError(f"eval.system_instruction={system!r}: a text (quote it) or null")
-    if multiturn and template is False:
-        raise ValueError("eval.fewshot_as_multiturn=true needs eval.chat_template=true (or a template's name): "
-                         "few-shot turns exist only in a chat template, and lm-eval refuses it too")
-    return ChatFormat(template, multiturn, system)
 
 
 # ---------------------------------------------------------------- the model's templates, unloaded
@@ -179,17 +128,10 @@ def check(cfg) -> None:
 
 
 def supports(task) -> bool:
-    """A task whose prompts this module renders: the lm-eval bridge, our multiple-choice tasks and our
-    text generation tasks (not one that reads images, whose prompt a processor's template renders)."""
-    from prunebench.tasks.generate_until import GenerateUntilTask, TaskGroup
-    from prunebench.tasks.lm_eval_task import LmEvalTask
-    from prunebench.tasks.multiple_choice import MultipleChoiceTask
-
-    if isinstance(task, TaskGroup):
-        return all(supports(member) for member in task.tasks)
-    if isinstance(task, GenerateUntilTask):
-        return not task.doc_to_image and type(task).prompt is GenerateUntilTask.prompt
-    return isinstance(task, (LmEvalTask, MultipleChoiceTask))
+    """A task whose prompts this module renders (its `renders_chat`): the lm-eval bridge, our
+    multiple-choice tasks and our text generation tasks, not one that reads images (a processor's
+    template renders those)."""
+    return bool(getattr(task, "renders_chat", False))
 
 
 def check_tasks(cfg, tasks: dict) -> None:

@@ -5,10 +5,9 @@ max across the vocabulary blocks.
 On a CPU a [rows, 262k] fp32 logits tensor is far larger than a core's cache, so the log-softmax,
 the argmax and the fp32 upcast each stream it through memory once more than the matmul that made
 it; a [1024, 1024] block (4 MiB) stays in cache from the matmul to its reductions, and 1024 rows
-read the head's weights once per 1024 positions. On this project's 2-core build machine
-(gemma3-270m, bf16) that made the head 4x faster: 0.56 ms a position against 2.3 ms for the whole
-logits' log-softmax and argmax. A GPU gets the whole vocabulary as one block: there bandwidth is
-plentiful and kernel launches are what costs; its rows are then capped by the logits' bytes.
+read the head's weights once per 1024 positions (docs/commonsense.md has the measurement). A GPU
+gets the whole vocabulary as one block: there bandwidth is plentiful and kernel launches are what
+costs; its rows are then capped by the logits' bytes.
 
 Numerics: logits in the model's dtype, upcast to fp32, log-sum-exp in fp32 (as the fast scorer
 always took its log-softmax); the greedy test is the first argmax of the logits themselves, where
@@ -21,8 +20,8 @@ import torch
 
 from prunebench.models.loaded import LoadedModel
 
-# on a CPU: hidden rows per LM-head matmul and vocabulary columns per block (measured above; 256 x
-# 4096 took 0.81 ms a position, 1024 x 1024 0.56-0.60); on a GPU: fp32 logits held at once
+# on a CPU: hidden rows per LM-head matmul and vocabulary columns per block (the fastest measured
+# shape, docs/commonsense.md); on a GPU: fp32 logits held at once
 CPU_ROWS, CPU_VOCAB_BLOCK = 1024, 1024
 GPU_LOGITS_BYTES = 256 * 2**20
 

@@ -1,8 +1,8 @@
 """Progress per task, wherever the job runs. Lightning's bar counts batches, and a batch here holds as
 many documents as fit the token budget, so it read `1/1 0.00it/s` for a whole task.
 
-Documents run longest first, so a count of documents makes a poor clock: on full ARC-Easy the first
-batches took 90 s for a handful of documents and the first ETA said 1 h 22 min for a 21-minute job.
+Documents run longest first, so a count of documents makes a poor clock: the first batches hold a
+handful of long documents, and an ETA from them overstates the job several times over.
 The work is counted in the positions the model runs (the data module's `cost(item)`, the measure its
 batches are packed by), the documents shown beside it; the ETA is elapsed x remaining / done work.
 

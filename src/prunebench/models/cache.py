@@ -3,9 +3,9 @@ so pruning one job never leaks into the next, and the tokenizer and processor ar
 
 A model read from files (its loader sets `LoadedModel.reload`) is not held pristine beside the job's
 copy: the first job takes the model just loaded, each later job reads the weights again, and only
-the tokenizer and processor wait here. The pristine copy was 1.07 GB of a gemma3-270m fp32 job's
-3.6 GB peak; reading the weights again costs less than copying them did (0.6-0.7 CPU seconds against
-1.5-2.1 for that model on this project's CPU), as the safetensors files stay in the page cache. Only
+the tokenizer and processor wait here. The pristine copy was a third of a gemma3-270m fp32 job's
+peak memory, and reading the weights again costs less than copying them did, as the safetensors
+files stay in the page cache. Only
 where memory is too short for the page cache to keep them is each load read from disk, and there a
 second copy would not have fitted either. A model built from a config (the tiny test models) or by timm has no
 reload: it is held here and each job gets a deep copy.
@@ -60,7 +60,7 @@ def get_model(model_cfg: DictConfig) -> LoadedModel:
 
 def _copy(loaded: LoadedModel, without_model: bool = False) -> LoadedModel:
     """A deep copy sharing the tokenizer and processor, which a job reads and never changes (a deepcopy
-    of Gemma's 262k-token tokenizer took 1.9 s, of its model 0.2 s); `without_model`: None for the model."""
+    of a 262k-token tokenizer costs more than of a small model); `without_model`: None for the model."""
     memo = {id(loaded.tokenizer): loaded.tokenizer, id(loaded.processor): loaded.processor}
     if without_model:
         memo[id(loaded.model)] = None

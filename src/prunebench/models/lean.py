@@ -9,7 +9,7 @@ kept. Here each tensor is widened a slice at a time from the same mapping (safet
 mapping of a file that nothing wrote only drops them from this process: a later read faults them in
 from the file again). transformers then builds the model around these tensors, without copying
 them, and computes its buffers as `from_pretrained(path)` would: the same model, bit for bit
-(tests/test_lean.py). No library offers this streaming widen, hence the few lines by hand."""
+(tests/models/test_lean.py). No library offers this streaming widen, hence the few lines by hand."""
 
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ class LoadedModel:
         """The scorers apply the head only at scored positions (`lm_logits` over the decoder's
         hidden states); on a probe that must give the model's own logits. 1% of the largest logit:
         the two paths run the same kernels, while an unknown scaling or capping moves logits more.
-        Once per loaded model, not per task: each probe reads the whole LM head twice (1.5 s a task
-        for Gemma's 262k-token vocabulary on this CPU)."""
+        Once per loaded model, not per task: each probe reads the whole LM head twice, which a large
+        vocabulary makes costly."""
         if self._head_checked:
             return
         probe = (torch.arange(1, 9, device=self.device) % self.vocab_size)[None]

@@ -7,7 +7,7 @@ removal keeps one.
 The released loop runs the whole model once per candidate. Here every candidate starts where its
 removal takes effect: within a round, the hidden state entering each remaining block is computed
 once per calibration sample, and skipping block k means running the blocks after it from the
-state that entered it. The selection is the same (tests/test_sleb.py runs the released loop beside
+state that entered it. The selection is the same (tests/pruners/test_sleb.py runs the released loop beside
 it); the work per round is about halved (docs/structured.md, "SLEB")."""
 
 from __future__ import annotations

@@ -167,8 +167,7 @@ class WandaPruner(UnstructuredPruner):
     different sparsities can never share its norms. `sequential=False` measures every block on the
     dense model in one forward: sparsity-free, scored once and cached for a whole ratio sweep (and
     the only way to compare all blocks at once, `scope: global`), at the cost of departing from the
-    release (side by side with OWL's release on SmolLM2-135M, issue 52: 2.6% of the mask entries
-    differ at 50%, 8.1% at 70%; perplexities in docs/unstructured.md).
+    release (how far, side by side with the release: docs/unstructured.md).
 
     Either way ||X_j||^2 is, as the release's `scaler_row`, the mean over samples of each sample's
     sum over tokens of x_j^2, accumulated as `norm_sum` says (activations.SquareMeans: `release`, the

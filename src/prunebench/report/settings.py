@@ -56,7 +56,7 @@ def settings(runs: pd.DataFrame, keys: tuple[str, ...] = SETTING_KEYS) -> pd.Ser
 def chat_setting(run: pd.Series) -> str:
     """`template` (a NAME: `template:NAME`), or `none` for raw prompts, with `+multiturn` and
     `+system@<digest>` where those ran: the chat options as the run logged them (MLflow's strings)."""
-    from prunebench.evaluation.chat import ChatFormat
+    from prunebench.api.chat_format import ChatFormat
 
     def param(key: str) -> str:
         return _text(run.get(f"params.eval.{key}"))

@@ -29,7 +29,7 @@ def suite_members(conf_dir: str = CONF_DIR) -> dict[str, list[str]]:
     """{suite: its task names} for every `task` option evaluating more than one task, composed by
     Hydra as a job composes it, whether the suite lists task options or task definitions. Inside a
     running Hydra app (a sweep's end) the app's config is used; else `conf_dir`'s, composed once per
-    process while none of its files changes (composing is the slow part: 0.3 s a report)."""
+    process while none of its files changes (composing is the slow part of a report)."""
     if GlobalHydra.instance().is_initialized():
         return composed_suites(conf_dir)
     files = [path.stat() for path in Path(conf_dir).rglob("*.yaml")]

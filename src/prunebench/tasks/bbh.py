@@ -5,7 +5,7 @@ answer filters that table names and how a variant builds a member task from an e
 
 The answer filters re-implement lm-eval 0.4.13's (`lm_eval/tasks/bbh/zeroshot/utils.py`,
 `filters/extraction.py`) and OpenCompass's post-processors (`opencompass/datasets/bbh.py`) rule for
-rule; tests/test_bbh_conformance.py holds them to lm-eval's on recorded generations."""
+rule; tests/tasks/test_bbh_conformance.py holds them to lm-eval's on recorded generations."""
 
 from __future__ import annotations
 

@@ -184,6 +184,12 @@ class GenerateUntilTask:
         docs = self.source.load()
         return docs[:limit] if limit else docs
 
+    @property
+    def renders_chat(self) -> bool:
+        """Its prompts take a chat format (evaluation/chat.py), unless it reads images (a processor's
+        template renders those) or a subclass builds its prompt otherwise."""
+        return not self.doc_to_image and type(self).prompt is GenerateUntilTask.prompt
+
     def prompt(self, doc: dict) -> str:
         if self.chat is not None:
             shots = [(resolve(self.doc_to_text, ex), str(resolve(self.doc_to_target, ex))) for ex in self.fewshot]
@@ -244,6 +250,10 @@ class TaskGroup:
     name: str
     tasks: list[GenerateUntilTask]
     weight_by_size: bool = True
+
+    @property
+    def renders_chat(self) -> bool:
+        return all(member.renders_chat for member in self.tasks)
 
     def __post_init__(self):
         if not self.tasks:

@@ -1,9 +1,9 @@
 """lm-eval's TaskManager with its built-in tasks' index read from the prunebench cache.
 
-`TaskManager()` indexes lm-eval's built-in tasks by reading some 14 000 YAML files (13 s on a
-2-core CPU), in every process that names an lm-eval task: each job of a sweep, each plan. lm-eval
-keeps nothing between processes, so the built-in folder's index is kept here, keyed by lm-eval's
-version, the folder and every file's size and mtime in it, and read back in about half a second.
+`TaskManager()` indexes lm-eval's built-in tasks by reading some 14 000 YAML files, in every process
+that names an lm-eval task: each job of a sweep, each plan. lm-eval keeps nothing between processes,
+so the built-in folder's index is kept here, keyed by lm-eval's version, the folder and every file's
+size and mtime in it, and read back in a fraction of that time.
 JSON, never pickle (the cache may be shared); a config JSON cannot carry unchanged (a date, a
 number as a key) is kept as its path and read again from its YAML, as lm-eval reads it. A user's
 `include_path` folders are indexed by lm-eval each time: they change while one writes them."""

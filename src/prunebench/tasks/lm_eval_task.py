@@ -9,6 +9,8 @@ and subgroup's as `<member>/<metric>`, each with lm-eval's stderr."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import contextlib
 import difflib
 import io
@@ -102,6 +104,7 @@ class LmEvalTask:
     lower_is_better = False
     grouped = False
     deferred = False  # a plan's: its data is on the hub only, so it was not built (hub.deferring)
+    renders_chat: ClassVar[bool] = True  # lm-eval renders its requests in a chat format (evaluation/chat.py)
     chat = None  # the chat format lm-eval renders the requests in (evaluation/chat.py); None: raw prompts
 
     def __init__(self, name: str, task: str | None = None, num_fewshot: int | None = None, primary: str | None = None,

@@ -44,6 +44,8 @@ class Instance(Document):
 @dataclass
 class MultipleChoiceTask:
     kind: ClassVar[str] = LOGLIKELIHOOD
+    # its prompts take a chat format (evaluation/chat.py)
+    renders_chat: ClassVar[bool] = True
     lower_is_better: ClassVar[bool] = False
 
     name: str

@@ -15,7 +15,7 @@ tie (the first wins), and matmul and attention kernels round a row differently i
 different shape, by as much as a few tenths of a nat per choice on gemma3-270m. So only the same
 rows in the same batches give lm-eval's numbers; its own batch sizes disagree with each other
 (scripts/mc_throughput.py measures by how much). With the same batch_size, on the same hardware and
-kernels, the numbers are lm-eval's bit for bit (tests/test_lm_eval_conformance.py)."""
+kernels, the numbers are lm-eval's bit for bit (tests/tasks/test_lm_eval_conformance.py)."""
 
 from __future__ import annotations
 

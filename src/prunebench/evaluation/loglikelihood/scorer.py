@@ -60,9 +60,8 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
     return n
 
 
-# what one more forward costs, in padded positions: reading every weight once, whatever the batch
-# (gemma3-270m bf16 on this project's CPU: 40 ms a forward beside 0.5 ms a position, so 80; a 7B
-# model's 14 GB read against its per-token matmuls gives about the same)
+# what one more forward costs, in padded positions: reading every weight once, whatever the batch,
+# against one position's matmuls (about the same ratio for a 270M and a 7B model)
 FORWARD_COST = 64
 # a stem shorter than this is not split off: its saving would not pay for the extra forward
 STEM_MIN = 32

@@ -20,7 +20,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="needs the reference harness lm-
 
 DOCS = 4  # documents per subtask compared
 RECORDED = FIXTURES / "bbh_generations.jsonl"
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bbh_vs_lm_eval.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bbh_vs_lm_eval.py"
 # lm-eval's filter pipeline names -> our metric names
 METRIC_OF = {"flexible-extract": "exact_match", "strict-match": "exact_match_strict", "none": "exact_match",
              "get-answer": "exact_match"}

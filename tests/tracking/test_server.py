@@ -35,7 +35,7 @@ from prunebench.tracking import server as tracking_server
 from prunebench.tracking import store
 from prunebench.tracking.sweep import CELL_TAG, record_cell
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "mlflow_server.sh"
 HANG_GUARD_S = 600  # only a broken build gets here: a start takes seconds, a job too
 # a heartbeat (and a waiting worker's look at the key) each second: every request costs the server a

@@ -29,7 +29,7 @@ from prunebench.job import run
 from prunebench.tracking import claim
 from prunebench.tracking.store import prepare_sqlite
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 JOB = [*TINY_MC, "pruner=none", "tracking.claim.heartbeat_s=0.2"]
 HANG_GUARD_S = 300  # only a broken build gets here: the workers below take seconds
 

@@ -20,8 +20,8 @@ from prunebench.recovery.train import recover
 from prunebench.tracking.run_key import dense_key, identity, run_key
 from prunebench.recovery.data import recovery_data
 from prunebench.validate import ConfigError, validate
+from helpers.recovery import TEXT, recovery_overrides
 
-TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
 
 
 @pytest.fixture
@@ -31,11 +31,6 @@ def text_file(tmp_path):
     return path
 
 
-def recovery_overrides(path, *more) -> list[str]:
-    """A quick recovery on the text file: 32-token windows, 2 micro-batches of 2 a step."""
-    return ["recovery=lora", "recovery.data=file", f"recovery.path={path}", "recovery.seq_len=32",
-            "recovery.batch_size=4", "recovery.micro_batch_size=2", "recovery.val_samples=4",
-            "recovery.warmup_steps=0", *more]
 
 
 def recovered(overrides: list[str]):
@@ -195,7 +190,7 @@ def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(st
 def test_a_recovered_export_reloads_to_the_same_predictions_and_ships_the_adapter(store, tmp_path, text_file, calib_text,
                                                                                   monkeypatch, capsys, one_thread):
     from peft import PeftModel
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
     pruning = ["pruner=llm_pruner", *calib_text(3)]

@@ -34,8 +34,8 @@ from prunebench.pruners.score_cache import cached_scores
 from prunebench.pruners.unstructured import WandaPruner
 from prunebench.tracking.run_key import fields
 from prunebench.validate import validate
-from test_owl import released_layer_sparsities, released_outlier_ratios, tiny_with_outliers
-from test_unstructured import CONFIG, calib, weights
+from helpers.owl import released_layer_sparsities, released_outlier_ratios, tiny_with_outliers
+from helpers.unstructured import CONFIG, calib, weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = 4

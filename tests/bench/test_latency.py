@@ -88,7 +88,7 @@ def test_gpu_latency_script_runs_every_variant_on_cpu(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_latency.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_latency.py"
     spec = importlib.util.spec_from_file_location("gpu_latency", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from prunebench.cli import exit_outside_the_store
 from prunebench.tracking import store
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 RUNS_EACH = 10
 # what a job does to the store, minus the model: create, log, search, end
 WRITER = f"""
