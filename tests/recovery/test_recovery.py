@@ -395,3 +395,26 @@ def test_smollm2_recovered_keeps_its_embeddings_tied(text_file, one_thread):
         recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)
     assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
     assert count_parameters(loaded.model) == pruned
+
+
+def test_a_tied_per_layer_export_reloads_tied(tmp_path):
+    """The narrowed loader (an export whose layers keep widths of their own, as LLM-Pruner's are) ties
+    the head its config ties: the reload has the pruned model's parameter count, not a second head."""
+    from prunebench.export.folder import mark_layers, widths, write_pretrained
+    from prunebench.models.hf_causal import load_causal_lm
+    from prunebench.models.introspection import count_parameters
+    from prunebench.models.narrow import keep_neurons
+    from prunebench.models.tiny import load_tiny
+
+    options = {k: v for k, v in compose_cfg(["model=tiny-llama", "+model.config.tie_word_embeddings=true"]).model.items()
+               if k != "_target_"}
+    loaded = load_tiny(**options)
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    mark_layers(loaded.model)
+    before = widths(loaded.model)
+    keep_neurons(loaded.model.model.layers[1].mlp, torch.arange(0, 128, 2))  # layer 1: 64 of 128 neurons
+    pruning = write_pretrained(loaded, tmp_path, {}, before)
+    assert pruning["layout"] == "per_layer" and pruning["params_stored"] == count_parameters(loaded.model)
+    again = load_causal_lm(path=str(tmp_path), name="again").model
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert count_parameters(again) == count_parameters(loaded.model)

@@ -115,6 +115,9 @@ def load_narrowed(folder: str, dtype: torch.dtype, device_map=None, **kwargs):
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ValueError(f"model.path={folder!r}: its weights do not match the layers {PRUNING_FILE} states: {err}") from None
+    # built under no_init_weights, which skips the tying too: a head the config ties would stay a second
+    # copy of the embeddings (SmolLM2 pruned 20%: 150M parameters for 122M)
+    model.tie_weights()
     model.config._name_or_path = model.name_or_path = folder
     if model.can_generate() and (local / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(local)
