@@ -49,6 +49,9 @@ def vizwiz(image_dir_files: dict[str, bytes | None]) -> dict[str, bytes | None]:
             **{f"images/{n}": data for n, data in image_dir_files.items()}}
 
 
+ALPACA = {"instruction": "Add the numbers.", "input": "2 and 2", "output": "4"}
+RECOVERY = ["pruner=magnitude", "recovery=lora", "recovery.data=file", "recovery.path={tmp}/rec.jsonl",
+            "recovery.batch_size=4", "recovery.micro_batch_size=4", "recovery.val_samples=1"]
 VIZWIZ = ["model=tiny-llava", "task=vizwiz_vqa", "pruner=none", "task.tasks.vizwiz_vqa.source.path={tmp}/val.jsonl",
           "task.tasks.vizwiz_vqa.image_dir={tmp}/images"]
 
@@ -132,9 +135,73 @@ CASES = {
     "REAP removing no expert": ([json.dumps(GOOD)], ["model=tiny-mixtral", "pruner=reap", "sparsity=0.1", "calib=file",
                                                      "calib.path={tmp}/cases.jsonl", "calib.field=question"],
                                 ["sparsity=0.1 removes int(8 x 0.1) = 0 of the 8 experts", "sparsity=0.125"]),
+    # recovery (a pruned job that recovers: tiny-llama, 10 alpaca records, one batch of 4 besides 1 held out)
+    "recovery LoRA target matching no module": ([json.dumps(GOOD)], [*RECOVERY, "recovery.lora.targets=[foo]"],
+                                                ["recovery.lora.targets=['foo']: ['foo'] name(s) no module of "
+                                                 "model='tiny-llama'", "'q_proj'"]),
+    "recovery schedule unknown": ([json.dumps(GOOD)], [*RECOVERY, "recovery.schedule=bogus"],
+                                  ["recovery.schedule='bogus'", "transformers' schedules", "'cosine'"]),
+    "recovery template unknown": ([json.dumps(GOOD)], [*RECOVERY, "recovery.template=bogus"],
+                                  ["recovery.template='bogus'", "'alpaca'", "'mop'"]),
+    "recovery betas out of range": ([json.dumps(GOOD)], [*RECOVERY, "recovery.betas=[2,0.9]"],
+                                    ["recovery.betas=[2, 0.9]", "two numbers in [0, 1)"]),
+    "recovery negative weight decay": ([json.dumps(GOOD)], [*RECOVERY, "recovery.weight_decay=-1"],
+                                       ["recovery.weight_decay=-1", "0 or more"]),
+    "recovery LoRA rank 0": ([json.dumps(GOOD)], [*RECOVERY, "recovery.lora.r=0"], ["recovery.lora.r=0", "positive"]),
+    "recovery negative warmup": ([json.dumps(GOOD)], [*RECOVERY, "recovery.warmup_steps=-5"],
+                                 ["recovery.warmup_steps=-5", "0 or more"]),
+    "recovery negative max_grad_norm": ([json.dumps(GOOD)], [*RECOVERY, "recovery.max_grad_norm=-1"],
+                                        ["recovery.max_grad_norm=-1", "null turns clipping off"]),
+    "recovery max_steps past any training": ([json.dumps(GOOD)], [*RECOVERY, "recovery.max_steps=1000000000000"],
+                                             ["recovery.max_steps=1000000000000", "would not end"]),
+    "recovery text in Latin-1": ([json.dumps(GOOD)], [*RECOVERY, "recovery.path={tmp}/latin1.txt"],
+                                 ["recovery.path=", "latin1.txt, line 2 (byte 12 of the file): not UTF-8",
+                                  "b'\\xe9'", "iconv"]),
+    "recovery text binary": ([json.dumps(GOOD)], [*RECOVERY, "recovery.path={tmp}/weights.bin"],
+                             ["recovery.path=", "weights.bin, line 2 (byte 128 of the file): not UTF-8"]),
+    "recovery records in a corrupt .jsonl.gz": ([json.dumps(GOOD)], [*RECOVERY, "recovery.path={tmp}/rec.jsonl.gz"],
+                                                ["recovery.path=", "rec.jsonl.gz' cannot be read as gzip",
+                                                 "a corrupt or cut .gz file"]),
+    "recovery text empty": ([json.dumps(GOOD)], [*RECOVERY, "recovery.path={tmp}/empty.txt"],
+                            ["recovery.path=", "empty.txt' is empty: recovery windows"]),
+    "recovery on the evaluated documents": ([json.dumps(GOOD)] * 12,
+                                            ["pruner=magnitude", "recovery=lora", "recovery.data=task",
+                                             "+task_library@recovery.task=local_mc",
+                                             "recovery.task.source.path={tmp}/cases.jsonl", "recovery.batch_size=4",
+                                             "recovery.micro_batch_size=4", "recovery.val_samples=1"],
+                                            ["recovery.data=task trains on data that is evaluated", "local_mc",
+                                             "recovery.allow_eval_split=true"]),
+    "num_fewshot negative": (None, ["model=tiny-llama", "task=lm_eval", "task.lm_eval=[arc_easy]", "pruner=none",
+                                    "task.num_fewshot=-1", "+task.data_files.arc_easy.test={tmp}/test.jsonl",
+                                    "+task.data_files.arc_easy.train={tmp}/train.jsonl"],
+                             ["task.num_fewshot=-1", "0 or more"]),
+    # HF_HUB_OFFLINE=1 (OFFLINE below) and a hub dataset in no cache
+    "offline wikitext2 task not in the cache": (None, ["model=tiny-llama", "task=wikitext2_ppl", "pruner=none"],
+                                                ["'wikitext'", "HF_HUB_OFFLINE=1 while no cache holds it", "data_dir"]),
+    "offline wikitext2 calibration not in the cache": ([json.dumps(GOOD)], ["pruner=wanda", "calib=wikitext2"],
+                                                       ["'wikitext'", "HF_HUB_OFFLINE=1 while no cache holds it"]),
+    "offline alpaca recovery not in the cache": ([json.dumps(GOOD)], ["pruner=magnitude", "recovery=lora"],
+                                                 ["recovery.data=alpaca", "HF_HUB_OFFLINE=1 while no cache holds it",
+                                                  "recovery.data=file recovery.path=FILE"]),
+    # the docs' own data: ../shared/data has wiki.test.raw and wiki.valid.raw, no wiki.train.raw
+    "wikitext2 train missing for calibration": ([json.dumps(GOOD)], ["pruner=wanda", "calib=wikitext2",
+                                                                     "data_dir={tmp}/data"],
+                                                ["wiki.train.raw' does not exist", "present: ['wiki.test.raw', "
+                                                 "'wiki.valid.raw']", "calib.split=validation",
+                                                 "recovery.data=file recovery.path=FILE"]),
+    "wikitext2 train missing for recovery": ([json.dumps(GOOD)], ["pruner=magnitude", "recovery=lora",
+                                                                  "recovery.data=wikitext2", "data_dir={tmp}/data"],
+                                             ["wiki.train.raw' does not exist", "recovery.data=file recovery.path=FILE"]),
 }
+OFFLINE = {name for name in CASES if name.startswith("offline ")}
 # files a case writes beside its task file (under {tmp}, which its overrides name); None: a real PNG
-FILES = {"model.path an empty folder": {"empty/": None},
+RECOVERY_FILES = {"rec.jsonl": "".join(json.dumps(ALPACA) + "\n" for _ in range(10)).encode(),
+                  "latin1.txt": "one line\ncaf\xe9 au lait\n".encode("latin-1"), "weights.bin": bytes(range(256)) * 8,
+                  "rec.jsonl.gz": b"\x1f\x8b\x08\x00 not gzip after its magic", "empty.txt": b""}
+SHARED_WIKITEXT = {"data/wikitext2/wiki.test.raw": b" = Test = \n", "data/wikitext2/wiki.valid.raw": b" = Valid = \n"}
+FILES = {**{name: RECOVERY_FILES for name in CASES if name.startswith("recovery ")},
+         **{name: SHARED_WIKITEXT for name in CASES if name.startswith("wikitext2 train missing")},
+         "model.path an empty folder": {"empty/": None},
          "0-byte image": vizwiz({"a.png": None, "b.png": b""}),
          "unreadable image": vizwiz({"a.png": None, "c.jpg": b"<html>not a picture</html>"})}
 
@@ -179,7 +246,7 @@ WRITERS = {"judge server refusing connections": write_vlm_data,
            "truncated shard": lambda tmp: cut(checkpoint(tmp / "ckpt", shards=2)[1]),
            "shard missing": lambda tmp: checkpoint(tmp / "ckpt", shards=2)[0].unlink(),
            "checkpoint without a tokenizer": lambda tmp: checkpoint(tmp / "ckpt", tokenizer=False),
-           "num_fewshot over the few-shot split": arc_files}
+           "num_fewshot over the few-shot split": arc_files, "num_fewshot negative": arc_files}
 
 
 def case_overrides(name: str, tmp) -> list[str]:
@@ -205,8 +272,15 @@ def no_model(monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_model):
+def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_model, monkeypatch):
     overrides = case_overrides(name, tmp_path)
+    if name in OFFLINE:  # no network, and caches that hold nothing
+        from datasets import config
+        from huggingface_hub import constants
+
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     with pytest.raises(ConfigError) as err:
         job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]), overrides)
     for word in CASES[name][2]:

@@ -21,7 +21,7 @@ with collector.importing():
     from prunebench.groups import listing
     from prunebench.paths import CONF_DIR
     from prunebench.plan import format_plan, plan
-    from prunebench.tracking import server, store
+    from prunebench.tracking import interrupts, server, store
     from prunebench.tracking.sweep import PARENT_ENV, job_state
 
 log = logging.getLogger("prunebench")
@@ -71,6 +71,7 @@ def end_runs_on_sigterm() -> None:
     over, and a recovery fine-tune resumes from the checkpoint it wrote last while training."""
     if threading.current_thread() is threading.main_thread():  # the only thread a handler can be set from
         signal.signal(signal.SIGTERM, exit_outside_the_store)
+    interrupts.install()
 
 
 # where SystemExit must not start: raised inside an MLflow SQL-store call, it left that call's

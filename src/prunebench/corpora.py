@@ -66,26 +66,71 @@ class TextCorpus:
         return self.separator.join(self.documents())
 
 
+def universal(text: str) -> str:
+    """Line ends as `read_text` gives them (universal newlines)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 class TextFile(TextCorpus):
     """Any local text file (one document; CRLF read as LF), or .json/.jsonl(.gz) records whose
     `field` holds the text."""
 
-    def __init__(self, path: str, field: str = "text"):
-        self.path, self.field = path, field
+    def __init__(self, path: str, field: str = "text", option: str = "calib.path", use: str = "calibration windows"):
+        self.path, self.field, self.option, self.use = path, field, option, use
 
     def check(self) -> None:
-        path = local_file(self.path, "calib.path")
+        path = local_file(self.path, self.option)
         with open(path, "rb") as handle:  # the first 64 KiB say whether there is any text (a file may be GBs)
             empty = not handle.read(1 << 16).strip()
         if empty:
-            raise ValueError(f"calib.path={self.path!r} is empty: calibration windows are cut from its text; "
+            raise ValueError(f"{self.option}={self.path!r} is empty: {self.use} are cut from its text; "
                              f"point it at a file with text (or .json/.jsonl records whose `{self.field}` holds it)")
+        if not is_json(path):
+            for _ in self.pieces():  # read in pieces: a file that is not UTF-8 fails here, naming where
+                pass
 
     def documents(self) -> list[str]:
-        path = local_file(self.path, "calib.path")
+        path = local_file(self.path, self.option)
         if is_json(path):
             return [row[self.field] for row in load_rows(str(path))]
-        return [path.read_text(encoding="utf-8")]
+        return ["".join(self.pieces())]
+
+    def pieces(self, size: int = 1 << 20):
+        """The plain text file's text in pieces of about `size` characters, each cut before a line end or
+        a space where one is near (so that the pieces' tokens are, but for a rare merge across a cut,
+        those of the whole text; a text shorter than `size` is one piece), read `size`
+        bytes at a time: memory stays that of a piece whatever the file's size, one line of 29 MB
+        included. Bytes that are not UTF-8 name the file, the line, the byte and the option."""
+        import codecs
+
+        path = local_file(self.path, self.option)
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset, lines, carry = 0, 0, ""
+        with open(path, "rb") as handle:
+            while True:
+                data = handle.read(size)
+                pending = decoder.getstate()[0]  # the bytes of a character cut by the last read
+                try:
+                    text = carry + decoder.decode(data, final=not data)
+                except UnicodeDecodeError as err:  # err.start counts from the pending bytes
+                    line = lines + err.object.count(b"\n", 0, err.start) + 1
+                    raise ValueError(f"{self.option}={self.path!r}: {path}, line {line} (byte "
+                                     f"{offset - len(pending) + err.start} of the file): not UTF-8 ({err.reason}: "
+                                     f"{err.object[err.start:err.end]!r}); text must be UTF-8 (convert it, e.g. "
+                                     f"iconv -f latin1 -t utf-8)") from None
+                offset, lines = offset + len(data), lines + data.count(b"\n")
+                if not data:
+                    if text:
+                        yield universal(text)
+                    return
+                # before a space or a line end: byte-level BPE joins a space to the word after it
+                cut = max(text.rfind("\n", len(text) // 2), text.rfind(" ", len(text) // 2))
+                if cut <= 0:  # none in its second half: anywhere, but a CR waits for the LF it may precede
+                    cut = len(text) - 1 if text.endswith("\r") else len(text)
+                elif text[cut - 1] == "\r":
+                    cut -= 1
+                yield universal(text[:cut])
+                carry = text[cut:]
 
     def data_ids(self) -> set[str]:
         return {data_id(self.path)}
@@ -107,8 +152,11 @@ class WikiText2(TextCorpus):
         path = self.local_path()
         if path is not None and not path.is_file():
             present = sorted(p.name for p in path.parent.glob("wiki.*.raw")) if path.parent.is_dir() else []
+            ways = (f"; for calibration calib.split=validation reads {WIKITEXT2_FILES['validation']}, for a "
+                    f"recovery recovery.data=file recovery.path=FILE gives its text, or data_dir=null reads the hub's"
+                    if self.split == "train" else "")
             raise FileNotFoundError(f"wikitext2 split {self.split!r}: {str(path)!r} does not exist under "
-                                    f"data_dir={self.data_dir!r} (present: {present or 'none'})")
+                                    f"data_dir={self.data_dir!r} (present: {present or 'none'}){ways}")
         if path is None:
             require_dataset("wikitext", f"wikitext2 split {self.split!r}")
 

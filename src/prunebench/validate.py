@@ -68,7 +68,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
     context = model_context(cfg.model, {} if config is None else config)  # {}: not read a second time
     check_generation_budget(built(tasks), cfg.model, context)
     if recovering(cfg) and not is_dense(cfg):  # a dense job trains nothing (its run key leaves recovery out)
-        check_recovery(cfg, context, deferred)
+        check_recovery(cfg, context, deferred, config, built(tasks))
     check_bench(cfg)
     if pruner_cls.needs_calibration:
         check_calibration(cfg, tasks, config, deferred)

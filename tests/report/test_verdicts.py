@@ -276,3 +276,39 @@ def test_compare_pairs_only_documents_of_the_same_data_and_says_how_many(grid, t
     assert "arc_easy: A evaluated 400 documents and B 100; the 100 both evaluated are paired" in out.err
     assert "| arc_easy | acc | 100 |" in out.out
 
+
+
+@pytest.mark.parametrize("tolerance", ["0", "-0", "1e308", "100"])
+def test_a_zero_or_huge_tolerance_gives_verdicts_not_a_traceback(grid, capsys, tolerance):
+    parent, ids = grid
+    code = compare_main([ids["a", 0.3], ids["b", 0.3], "--max-drop", tolerance])
+    out = capsys.readouterr().out
+    if float(tolerance) == 0:  # no interval rules out a drop of any size: nothing is kept
+        assert code == 2 and "kept" not in out.split("\n\n")[-1], out
+    else:
+        assert code == 0, out
+    assert ("every score is within it" in out) == (float(tolerance) >= 100), out
+
+
+def test_a_sweep_against_one_that_holds_only_its_dense_run_compares_nothing_with_itself(grid, capsys):
+    from prunebench.tracking.sweep import CELL_TAG
+
+    parent, ids = grid
+    with mlflow.start_run(tags={"prunebench.sweep": "true"}) as interrupted:
+        pass
+    dense = mlflow.MlflowClient().get_run(ids["dense"])
+    mlflow.MlflowClient().set_tag(interrupted.info.run_id, CELL_TAG + dense.data.tags["prunebench.run_key"],
+                                  ids["dense"])
+    assert compare_main([parent, interrupted.info.run_id]) == 3
+    err = capsys.readouterr().err
+    assert "A and B name the same run" in err and ids["dense"] in err and "nothing else is shared" in err, err
+
+
+def test_a_report_out_that_is_a_file_is_refused(grid, tmp_path, capsys):
+    taken = tmp_path / "report.md"
+    taken.write_text("mine")
+    for out in (taken, taken / "sub"):
+        assert report_main(["--all", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{taken} is a file, not a folder" in err and "Traceback" not in err, err
+    assert taken.read_text() == "mine"

@@ -18,7 +18,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
-from prunebench.tracking.store import tracking_uri
+from prunebench.models.checks import stated_config
+from prunebench.tracking.status import NOT_FOUND
+from prunebench.tracking.store import missing_store, tracking_uri
 
 # what the rebuilt model must share with the run's, exactly (counts, and a ratio of counts)
 SAME = ("params/total", "params/nonzero", "sparsity/actual")
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     from prunebench.tracking.run_key import is_dense, recovering
     from prunebench.export.options import ExportOptions
 
-    mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
+    uri = tracking_uri(args.tracking_uri)
+    if (missing := missing_store(uri)) is not None:  # MLflow would make an empty store there
+        print(f"prunebench-export: {missing}", file=sys.stderr)
+        return NOT_FOUND
+    mlflow.set_tracking_uri(uri)
     client = MlflowClient()
     try:
         run = client.get_run(args.run_id)
@@ -66,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
         ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
+        # the run's model as it named it: a checkpoint folder since deleted was taken for a hub id
+        stated_config(cfg.model)
         if args.dir:
             export_folder(args.dir, args.run_id)  # before the model is rebuilt
     except (ConfigError, ValueError) as err:
-        print(f"prunebench-export: {err}", file=sys.stderr)
+        print(f"prunebench-export: run {args.run_id}: {err}", file=sys.stderr)
         return 2
     loaded, _, stats, before = prune(cfg, is_dense(cfg), exporting=True)
     rebuilt = {**stats, "params/total": float(count_parameters(loaded.model)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -78,6 +79,17 @@ def export_folder(export_dir: str, run_id: str) -> Path:
     return folder
 
 
+def honour_umask(folder: Path) -> None:
+    """The modes a plain mkdir and open would have given: the export is written in a temporary folder
+    (mkdtemp: mode 700, its files then copied as they are), which on a shared cluster no teammate
+    could read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
                  run_id: str, adapter: Path | None = None) -> str:
     """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
@@ -90,6 +102,7 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
         write_pretrained(loaded, target, account, before, pad)
         if adapter is not None:
             shutil.copytree(adapter, target / ADAPTER)
+        honour_umask(target)
 
     run = MlflowClient().get_run(run_id)
     account = record(cfg, stats, run)

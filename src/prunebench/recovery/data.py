@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import zlib
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -34,8 +35,16 @@ def read_records(path: Path) -> list:
     """The records of a .json (one list) or .jsonl (one per line) file, .gz too; ValueError naming
     the line that is not JSON."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"recovery.path={str(path)!r}: byte {err.start} of its text is not UTF-8 ({err.reason}: "
+                         f"{err.object[err.start:err.end]!r}); records must be UTF-8 (convert it, e.g. iconv -f latin1 "
+                         f"-t utf-8)") from None
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError; a cut file ends in EOFError
+        raise ValueError(f"recovery.path={str(path)!r} cannot be read as gzip ({type(err).__name__}: {err}): a "
+                         f"corrupt or cut .gz file; compress it again, or give the plain .json/.jsonl") from None
     if ".jsonl" in path.suffixes:
         records = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -90,7 +99,7 @@ class RecoveryData:
             return WikiText2("train", self.data_dir)
         if self.kind == "task":
             return TaskText(self.task)
-        return None if self.records_file() else TextFile(str(self.path))
+        return None if self.records_file() else TextFile(str(self.path), option="recovery.path", use="recovery windows")
 
     def data_ids(self) -> set[str]:
         if self.kind == "alpaca":
@@ -109,10 +118,13 @@ class RecoveryData:
                 Alpaca().check()
             except HubUnreachable as err:  # the generic text names data_dir, which alpaca never reads
                 reason = str(err).partition(" was not reached by one request ")[2] or "no answer"
-                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and the hub was not "
-                                     f"reached by one request {reason.split('; without network')[0]}; without network "
-                                     f"give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
-                                     f"alpaca_data_cleaned.json: a JSON list of {{instruction, input, output}})") from None
+                offline = "HF_HUB_OFFLINE=1 while no cache holds it" in str(err)
+                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and " + (
+                                     "HF_HUB_OFFLINE=1 while no cache holds it" if offline else
+                                     f"the hub was not reached by one request {reason.split('; without network')[0]}") +
+                                     "; without network "
+                                     "give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
+                                     "alpaca_data_cleaned.json: a JSON list of {instruction, input, output})") from None
             return
         if self.kind != "file":
             self.corpus().check()
@@ -122,7 +134,7 @@ class RecoveryData:
             raise FileNotFoundError(f"recovery.path={str(path)!r} does not exist; give a JSON/JSONL file of alpaca "
                                     f"records {{instruction, input, output}}, or a plain-text file")
         if not self.records_file():
-            TextFile(str(path)).check()  # refuses an empty file
+            self.corpus().check()  # refuses an empty file, or one that is not UTF-8
             windows = path.stat().st_size // (self.options["seq_len"] - 1)
             self.check_count(self.options["n_samples"] or windows, f"at most {windows} windows of "
                              f"recovery.seq_len={self.options['seq_len']} tokens")
@@ -147,7 +159,9 @@ class RecoveryData:
             if self.kind == "file":
                 check_records(rows, str(self.path))
             made = [self.instruction_example(tokenizer, row) for row in rows]
-            return [e for e in made if any(label != IGNORED for label in e["labels"][1:])]
+            kept = [e for e in made if any(label != IGNORED for label in e["labels"][1:])]
+            self.dropped = len(made) - len(kept)
+            return kept
         return self.windows(tokenizer)
 
     def instruction_example(self, tokenizer, row: dict) -> dict[str, list[int]]:
@@ -169,7 +183,6 @@ class RecoveryData:
     def windows(self, tokenizer) -> list[dict[str, list[int]]]:
         """Consecutive windows of the text (each starting with the BOS evaluation gives a window), or
         `n_samples` at random starts drawn per seed, by calibration's own sampler."""
-        from prunebench.evaluation.perplexity.windows import token_windows
 
         options, corpus = self.options, self.corpus()
         if options["n_samples"] and options.get("windows") == "disjoint":
@@ -180,8 +193,7 @@ class RecoveryData:
             windows = Calibration(corpus, f"recovery {self.kind}", options["n_samples"], options["seq_len"],
                                   options["seed"]).samples(tokenizer)
         else:
-            ids = tokenizer.encode(corpus.text(), add_special_tokens=False)
-            windows = token_windows(ids, options["seq_len"], window_prefix(tokenizer))
+            return [{"input_ids": w, "labels": w} for w in streamed_windows(corpus, tokenizer, options["seq_len"])]
         return [{"input_ids": w, "labels": w} for w in windows.tolist()]
 
     def split(self, examples: list) -> tuple[list, list]:
@@ -189,12 +201,34 @@ class RecoveryData:
         train_test_split holds out its validation set. ValueError when the rest is under one batch."""
         held, batch = self.options["val_samples"], self.options["batch_size"]
         if len(examples) - held < batch:
+            dropped = getattr(self, "dropped", 0)
+            why = (f"; {dropped} record(s) were dropped because their prompt fills recovery.seq_len="
+                   f"{self.options['seq_len']} tokens, leaving no response token to learn (the prompt's labels are "
+                   f"ignored): raise recovery.seq_len, or set recovery.train_on_inputs=true" if dropped else "")
             raise ValueError(f"recovery data {sorted(self.data_ids())}: {len(examples)} examples of "
                              f"recovery.seq_len={self.options['seq_len']} tokens leave fewer than one batch "
-                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out")
+                             f"(recovery.batch_size={batch}) besides the recovery.val_samples={held} held out{why}")
         order = list(range(len(examples)))
         random.Random(self.options["seed"]).shuffle(order)
         return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
+
+
+def streamed_windows(corpus, tokenizer, seq_len: int) -> list[list[int]]:
+    """Consecutive windows as `token_windows` cuts the whole text's tokens (BOS first, then seq_len
+    minus that many tokens, each token once, the last partial window dropped), the text tokenized a
+    piece at a time (`TextFile.pieces`): tokenized whole, a large text's every token and the
+    tokenizer's buffers for all of it were held at once; a piece's tokens are kept only until its
+    windows are cut."""
+    prefix = window_prefix(tokenizer)
+    step = seq_len - len(prefix)
+    pieces = corpus.pieces() if hasattr(corpus, "pieces") else [corpus.text()]
+    windows, pending = [], []
+    for piece in pieces:
+        pending += tokenizer.encode(piece, add_special_tokens=False)
+        whole = len(pending) // step * step
+        windows += [prefix + pending[start:start + step] for start in range(0, whole, step)]
+        del pending[:whole]
+    return windows
 
 
 def disjoint_windows(documents: list[str], tokenizer, count: int, seq_len: int, seed: int) -> list[list[int]]:

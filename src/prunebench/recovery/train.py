@@ -388,6 +388,9 @@ def tie_again(model: torch.nn.Module) -> None:
             config.tie_word_embeddings = True
 
 
+FUSED_ADAPTER = "experts"
+
+
 def adapted(model: torch.nn.Module, options: dict) -> torch.nn.Module:
     """The model to train: wrapped with a LoRA adapter (peft), or itself with every weight trainable."""
     if options["parameters"] == "full":
@@ -395,8 +398,27 @@ def adapted(model: torch.nn.Module, options: dict) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     lora = options["lora"]
-    return get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                            target_modules=list(lora["targets"]), bias="none", task_type="CAUSAL_LM"))
+
+    def config(targets: list[str], dropout: float) -> LoraConfig:
+        return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=dropout, target_modules=targets,
+                          bias="none", task_type="CAUSAL_LM")
+
+    targets = list(lora["targets"])
+    # a target that names no module is what peft adapts as a fused parameter (an MoE's experts:
+    # ParamWrapper), which refuses dropout: those get an adapter of their own, without it
+    modules = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+    plain, fused = [t for t in targets if t in modules], [t for t in targets if t not in modules]
+    if not fused or not lora["dropout"]:
+        return get_peft_model(model, config(targets, lora["dropout"]))
+    if not plain:
+        log.info("recovery: LoRA targets %s are fused expert parameters, trained without dropout", fused)
+        return get_peft_model(model, config(fused, 0.0))
+    log.info("recovery: LoRA dropout %g on %s; %s are fused expert parameters, in an adapter without dropout",
+             lora["dropout"], plain, fused)
+    wrapped = get_peft_model(model, config(plain, lora["dropout"]))
+    wrapped.add_adapter(FUSED_ADAPTER, config(fused, 0.0))
+    wrapped.base_model.set_adapter(["default", FUSED_ADAPTER])  # both trained, both merged
+    return wrapped
 
 
 def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,

@@ -14,7 +14,12 @@ from prunebench.report.build import LAYOUTS, latest_sweep, write_report
 from prunebench.report.compare import NOT_FOUND, check_max_drop
 from prunebench.report.verdicts import CORRECTIONS
 from prunebench.tracking.store import missing_store, tracking_uri
-from prunebench.tracking.sweep import describe
+from prunebench.tracking.sweep import DEFAULT_STALE_S, close_orphans, describe
+
+
+def file_in_the_way(out: Path) -> Path | None:
+    """The file at `out`, or at a folder above it, that keeps the report's folder from being made."""
+    return next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prunebench-report: no experiment named {args.experiment!r} in {mlflow.get_tracking_uri()}",
               file=sys.stderr)
         return 2
+    # a sweep killed outright is closed first, so that the report reads its true state
+    close_orphans(uri, mlflow.get_experiment_by_name(args.experiment).experiment_id, DEFAULT_STALE_S)
     sweep = None if args.all else latest_sweep(args.experiment) if args.sweep == "latest" else args.sweep
     if sweep is not None and not args.all and args.sweep != "latest":
         try:
@@ -65,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prunebench-report: run {sweep} is a job, not a sweep's parent run (--sweep takes a sweep; "
                   f"--all reports the whole experiment)", file=sys.stderr)
             return NOT_FOUND
+    if (not_folder := file_in_the_way(Path(args.out))) is not None:
+        print(f"prunebench-report: --out {args.out}: {not_folder} is a file, not a folder; give a folder for "
+              f"results.md, results.csv and the plots (made if missing)", file=sys.stderr)
+        return 2
     try:
         out = write_report(args.experiment, sweep, Path(args.out), args.suite, args.layout, args.max_drop,
                            args.correction)

@@ -120,6 +120,14 @@ def comparisons(a: pd.DataFrame, b: pd.DataFrame, sweeps: bool, max_drop: float,
         # recovery's seed aside; everything else must still match
         first, second = (side.assign(recovery="", seed=side.seed.map(without_recovery_seed)) for side in (first, second))
     pairs = first.merge(second, on=[*keys, "metric"], suffixes=("_a", "_b"))
+    # a cell answered on both sides by one run (a dense baseline the later sweep found in the store)
+    same = pairs.run_id_a == pairs.run_id_b
+    if same.any():
+        notes.append(f"{int(same.sum())} pair(s) not compared: A and B name the same run for them "
+                     f"({', '.join(sorted(set(pairs.run_id_a[same])))[:200]}), which compared with itself says nothing")
+        pairs = pairs[~same]
+        if pairs.empty:
+            raise NotFound("; ".join(notes) + "; nothing else is shared")
     if pairs.empty:
         raise NotFound("the two sides share no " + ("job (model, pruner, config, ratio, task, seed, recovery)" if sweeps
                                                     else "task with the same metric"))
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("b", help="the candidate, compared with A: a run id, a sweep's parent run id, or 'latest'")
     parser.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
                         help="the drop from A that still counts as kept (default 1.0 point; for a perplexity, "
-                             "a rise of that many percent)")
+                             "a rise of that many percent). 0: no score can be called kept (no interval rules out a "
+                             "drop of any size), each is lost or inconclusive; 100 or more keeps every score")
     parser.add_argument("--correction", choices=CORRECTIONS, default="holm",
                         help="how the p-values are adjusted across the comparisons (default holm)")
     parser.add_argument("--experiment", default="prunebench", help="where 'latest' looks (default prunebench)")

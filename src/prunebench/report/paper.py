@@ -371,7 +371,8 @@ def untuned_verdicts(results: pd.DataFrame, predictions: Predictions, max_drop: 
 def tolerance(judged: pd.DataFrame, max_drop: float) -> str:
     """The tolerance as a verdicts section's heading says it: points, and a perplexity's relative rise
     in percent (its `diff`) where a perplexity was judged."""
-    said = f"tolerance {max_drop:g} points"
+    said = f"tolerance {max_drop:g} points" + (" (a score has at most 100 points to lose: every score is within it)"
+                                              if max_drop >= 100 else "")
     return said + (f", a {max_drop:g}% rise for perplexity (diff in %)" if "tokens" in judged else "")
 
 

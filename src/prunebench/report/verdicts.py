@@ -116,10 +116,12 @@ def decide(centre: float, low: float, high: float, se: float, n: int, effective:
                else "inconclusive")
     # the documents at which the interval's half-width would reach the gap to -max_drop, and the minimum
     # detectable difference max_drop, the spread per document as now (se^2 x effective documents)
+    # (spread / tolerance) squared, not spread squared / tolerance squared: --max-drop 1e308 squared overflows
     gap = abs(centre + max_drop)
-    needed = max((z * se) ** 2 * effective / gap ** 2 if gap > 0 else math.inf,
-                 ((z + z_power) * se) ** 2 * effective / max_drop ** 2 if max_drop > 0 else math.inf)
-    settle = math.ceil(needed - (effective - n)) if verdict == "inconclusive" else n
+    needed = max((z * se / gap) ** 2 * effective if gap > 0 else math.inf,
+                 ((z + z_power) * se / max_drop) ** 2 * effective if max_drop > 0 else math.inf)
+    # None: no number of documents settles it (a zero tolerance, a centre exactly at -max_drop)
+    settle = n if verdict != "inconclusive" else math.ceil(needed - (effective - n)) if math.isfinite(needed) else None
     return {"mdd": mdd, "docs_to_settle": settle, "verdict": verdict}
 
 

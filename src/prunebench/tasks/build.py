@@ -67,9 +67,20 @@ def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
         except Exception as err:
             raise ConfigError(f"{where} is misconfigured: {err}") from err
     lm_eval = lm_eval_definitions(cfg)
+    shots = cfg.task.get("num_fewshot")
+    for where, definition in [("task", {"num_fewshot": shots}), *definitions.values(), *lm_eval.values()]:
+        check_num_fewshot(where, definition.get("num_fewshot"))
     if lm_eval and protocol != NATIVE_PROTOCOL:
         raise ConfigError(f"task.protocol={protocol!r}: lm-eval tasks {sorted(lm_eval)} have only lm-eval's version")
     return {**definitions, **lm_eval}
+
+
+def check_num_fewshot(where: str, shots) -> None:
+    """lm-eval reads a negative count as zero shots (and random.sample refuses it elsewhere): a typo
+    for 0 or 1 would run silently at another protocol than the one asked for."""
+    if shots is not None and (isinstance(shots, bool) or not isinstance(shots, int) or shots < 0):
+        raise ConfigError(f"{where}.num_fewshot={shots!r} must be a whole number of examples, 0 or more (null: "
+                          f"the task's own)")
 
 
 def build_tasks(cfg: DictConfig) -> dict:

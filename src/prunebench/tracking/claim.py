@@ -89,13 +89,9 @@ def _slurm_state(job: str) -> str | None:
     return None if states is None else states.get(job, "GONE")
 
 
-def holder_gone(run, me: str, stale_s: float) -> str | None:
-    """Why the worker holding this claim is certainly gone, or None while it may be alive. Where the
-    host can tell (same worker id, a local process, squeue), that is known at once; elsewhere only a
-    heartbeat older than `stale_s` tells."""
-    worker = run.data.tags.get(WORKER_TAG, "")
-    if worker == me:
-        return f"an earlier attempt of this job ({me}) was interrupted"
+def worker_gone(worker: str) -> str | None:
+    """Why a worker (`worker_id()`'s value) is certainly gone, where this host can tell at once (a
+    process of this host, squeue); None while it may be alive or nothing here can say."""
     host, _, ident = worker.rpartition(":")
     if host == socket.gethostname() and ident.isdigit() and not _pid_alive(int(ident)):
         return f"its process {ident} on this host has exited"
@@ -103,6 +99,18 @@ def holder_gone(run, me: str, stale_s: float) -> str | None:
         state = _slurm_state(ident)
         if state is not None and state not in SLURM_ALIVE:
             return f"SLURM job {ident} is {state}"
+    return None
+
+
+def holder_gone(run, me: str, stale_s: float) -> str | None:
+    """Why the worker holding this claim is certainly gone, or None while it may be alive. Where the
+    host can tell (same worker id, a local process, squeue), that is known at once; elsewhere only a
+    heartbeat older than `stale_s` tells."""
+    worker = run.data.tags.get(WORKER_TAG, "")
+    if worker == me:
+        return f"an earlier attempt of this job ({me}) was interrupted"
+    if reason := worker_gone(worker):
+        return reason
     beat = float(run.data.tags.get(HEARTBEAT_TAG, run.info.start_time / 1000))
     if time.time() - beat > stale_s:
         return f"no heartbeat for {time.time() - beat:.0f} s (stale after {stale_s:g} s)"

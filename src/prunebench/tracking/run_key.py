@@ -57,6 +57,7 @@ CONTRACT = (
     Field("recovery.loss_scaling", since="micro_batches"),
     Field("recovery.windows", since="random"),
     Field("recovery.schedule_steps", since=None),
+    Field("recovery.allow_eval_split", since=False),
     Field("task.tasks.*.judge.repeats", since=1),
     Field("task.tasks.*.judge.max_failure_rate", since=0.05),
 )

@@ -15,9 +15,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from prunebench.tracking import cells, claim, store
-from prunebench.tracking.sweep import DETACHED_TAG, STALE_TAG, SUBMITTED_TAG, close_if_done
+from prunebench.tracking.sweep import DETACHED_TAG, STALE_TAG, SUBMITTED_TAG, close_if_done, end_gone_claims
 
-STATES = ("done", "running", "failed", "waiting", "killed", "submitting")
+STATES = ("done", "running", "failed", "waiting", "killed", "submitting", "left")
 
 
 # exit status for a store, run or sweep that does not exist, as prunebench-compare's
@@ -48,13 +48,6 @@ def find_sweep(client: MlflowClient, experiment: str, sweep: str):
     return runs[0]
 
 
-def end_gone_claims(client: MlflowClient, run_id: str, experiment_id: str, stale_s: float) -> None:
-    """A cell killed outright left its run RUNNING: ended KILLED here, by the claims' rules."""
-    for run in client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and "
-                                                   "attributes.status = 'RUNNING'", max_results=1000):
-        claim.end_if_gone(client, run, claim.worker_id(), stale_s)
-
-
 def fill_accounting(found: list[cells.Cell]) -> None:
     """squeue forgets a task minutes after it ends; sacct (where accounting is on) still knows how."""
     gone = [c for c in found if c.slurm_state == "GONE"]
@@ -70,8 +63,10 @@ def eta(found: list[cells.Cell]) -> str:
     a running cell counts as a whole cell left, so the estimate errs long."""
     durations = [c.duration_s for c in found if c.duration_s is not None]
     left = sum(c.state in ("running", "waiting", "submitting") for c in found)
+    never = sum(c.state == "left" for c in found)
     if not left:
-        return "nothing left"
+        return (f"{never} cell(s) never started: the same command again runs them (what is done is skipped)"
+                if never else "nothing left")
     if not durations:
         return "ETA unknown (no cell finished yet)"
     at_once = max(1, sum(c.state == "running" for c in found))

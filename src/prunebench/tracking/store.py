@@ -17,6 +17,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from prunebench.api.errors import ConfigError
+from prunebench.tracking import interrupts
 
 log = logging.getLogger(__name__)
 KEY_TAG = "prunebench.run_key"
@@ -113,6 +114,7 @@ def job_run(claim, run_name: str):
     try:
         with claim.heartbeat():
             yield run
+        interrupts.check()  # a Ctrl-C a library swallowed: not FINISHED
     except BaseException as err:
         status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         log.error("%s %s: %s: %s (run %s)", status, run_name, type(err).__name__, err, run.info.run_id)

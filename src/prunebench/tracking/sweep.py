@@ -11,7 +11,12 @@ array) is closed by whichever process finds every cell ended: the last job to en
 `prunebench.closed_by` with a value of the closer's own. MLflow parameters cannot change once
 logged and the SQL stores (SQLite, a tracking server's PostgreSQL) enforce it with the parameters'
 primary key, so of two closers that try at once the second's write is refused: the compare-and-set
-MLflow offers nowhere else."""
+MLflow offers nowhere else.
+
+A sweep that is not detached is closed by its own process, at its end or at exit (Ctrl-C, SIGTERM).
+One killed outright (SIGKILL, a node lost) cannot: its parent records the process and the grid
+(`cells`), so that the next `prunebench-status`, or the next sweep in the experiment, finds the
+process gone, ends its jobs' runs KILLED and closes the parent with the real counts."""
 
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from prunebench.api.errors import ConfigError, refuse
-from prunebench.tracking import cells, claim, server, store
+from prunebench.tracking import cells, claim, interrupts, server, store
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PRUNEBENCH_SWEEP_RUN_ID"
@@ -45,6 +50,8 @@ CLOSER_PARAM = "prunebench.closed_by"
 # set once the launcher has handed every cell to SLURM: before it, no cell count is complete
 SUBMITTED_TAG = "prunebench.submitted"
 DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+DEFAULT_STALE_S = 300.0  # conf/tracking's claim.stale_s, for a reader without the sweep's config
 
 
 def record_cell(uri: str, parent_run_id: str, run) -> None:
@@ -69,6 +76,7 @@ class SweepRunCallback(Callback):
         self.report, self.planner, self.checker = report, planner, checker
         self.run_id: str | None = None
         self.submitted = False
+        self.ended = False  # Hydra reached on_multirun_end: every job was launched
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.get("plan"):  # the plan, and no parent run: a plan leaves the store as it was
@@ -95,18 +103,26 @@ class SweepRunCallback(Callback):
             refuse(f"detach=true needs hydra/launcher=prunebench_slurm or slurm_gpu (the launcher that returns "
                    f"once SLURM has the array), not {config.hydra.launcher.get('_target_')}")
         exp_id = store.experiment_id(uri, self.experiment)
+        close_orphans(uri, exp_id, self.stale_s)  # earlier sweeps whose process was killed outright
         overrides = " ".join(config.hydra.overrides.task)
         detached = {DETACHED_TAG: "true", REPORT_TAG: self.report or "", STALE_TAG: str(self.stale_s)}
+        # who runs a local sweep's jobs: once it is gone, its cells not started are left, and anyone closes it
+        local = {cells.SWEEP_WORKER_TAG: claim.worker_id(), REPORT_TAG: self.report or "", STALE_TAG: str(self.stale_s)}
         run = MlflowClient(uri).create_run(exp_id, run_name=f"sweep {self.sweep_dir.name}", tags={
             "prunebench.sweep": "true", "hydra.overrides": overrides, "hydra.sweep_dir": str(self.sweep_dir),
-            "git.sha": store.git_sha(), **(detached if self.detached else {})})
+            "git.sha": store.git_sha(), **(detached if self.detached else local)})
         self.run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.run_id
         # a detached sweep outlives this process (its cells close it) unless its submission failed
         atexit.register(self.abandon if self.detached else self.close)
+        if not self.detached:
+            grid = local_grid(config)
+            cells.record_array(MlflowClient(uri), self.run_id, {n: {"overrides": o, "local": True}
+                                                               for n, o in enumerate(grid)})
         log.info("sweep parent run %s", self.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self.ended = True
         if not self.detached:
             self.close()
             return
@@ -137,16 +153,66 @@ class SweepRunCallback(Callback):
             return
         run_id, self.run_id = self.run_id, None
         os.environ.pop(PARENT_ENV, None)
-        close_sweep(self.uri, run_id, self.experiment, self.report, self.sweep_dir, self.stale_s)
+        close_sweep(self.uri, run_id, self.experiment, self.report, self.sweep_dir, self.stale_s,
+                    interrupted=not self.ended)
 
 
-def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, sweep_dir: Path, stale_s: float) -> None:
-    """FINISHED when every child finished; FAILED (documented) when any child failed or was
-    killed, with counts in tags. An attempt that ended FAILED or KILLED (a requeue's, a preemption's)
-    whose run key a later attempt in this sweep FINISHED is counted apart, as `retried`: its cell has
-    its result. Then the sweep's report is logged to the parent."""
+def local_grid(config: DictConfig) -> list[str]:
+    """Each job's overrides, by job number, as Hydra's basic sweeper will launch them (its own
+    expansion, without composing any job); [] under another sweeper, or a sweep that does not
+    expand (the sweeper then refuses it itself)."""
+    sweeper = config.hydra.get("sweeper") or {}
+    if sweeper.get("_target_") != BASIC_SWEEPER:
+        return []
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        batches = BasicSweeper.split_arguments(parser.parse_overrides(params + list(config.hydra.overrides.task)), None)
+    except Exception:
+        log.debug("the sweep's grid could not be expanded here", exc_info=True)
+        return []
+    return [" ".join(job) for batch in batches for job in batch]
+
+
+def end_gone_claims(client: MlflowClient, run_id: str, experiment_id: str, stale_s: float) -> None:
+    """A cell killed outright left its run RUNNING: ended KILLED here, by the claims' rules."""
+    for run in client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and "
+                                                   "attributes.status = 'RUNNING'", max_results=1000):
+        claim.end_if_gone(client, run, claim.worker_id(), stale_s)
+
+
+def close_orphans(uri: str, experiment_id: str, stale_s: float) -> None:
+    """Closes the experiment's RUNNING sweeps that are not detached and whose process is gone (killed
+    outright): their jobs' runs end KILLED, the parents close with their counts. A failure is logged:
+    it never stops the sweep that looks."""
     client = MlflowClient(uri)
-    children = client.search_runs([client.get_run(run_id).info.experiment_id],
+    try:
+        for parent in client.search_runs([experiment_id], "tags.`prunebench.sweep` = 'true' and "
+                                                          "attributes.status = 'RUNNING'", max_results=100):
+            if parent.data.tags.get(DETACHED_TAG) != "true" and cells.sweep_gone(parent):
+                own = float(parent.data.tags.get(STALE_TAG, stale_s))
+                end_gone_claims(client, parent.info.run_id, experiment_id, own)
+                close_if_done(uri, parent.info.run_id, own)
+    except Exception:
+        log.exception("could not close the earlier sweeps whose process is gone")
+
+
+def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, sweep_dir: Path, stale_s: float,
+                interrupted: bool = False) -> None:
+    """FINISHED when every child finished; FAILED (documented) when any child failed or was
+    killed, or the sweep stopped short (`interrupted`: its process ended before Hydra's end of the
+    sweep; cells of its grid never started, counted as `left`), with counts in tags. A cell killed
+    before it made its run (Ctrl-C at launch) counts as killed from its own state on the parent. An
+    attempt that ended FAILED or KILLED (a requeue's, a preemption's) whose run key a later attempt
+    in this sweep FINISHED is counted apart, as `retried`: its cell has its result. Then the sweep's
+    report is logged to the parent."""
+    client = MlflowClient(uri)
+    parent = client.get_run(run_id)
+    children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=5000)
     # a job killed outright (SIGKILL, scancel) could not end its own run
     ended = {c.info.run_id for c in children if c.info.status == "RUNNING"
@@ -156,11 +222,18 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
     statuses = ["RETRIED" if status in ("FAILED", "KILLED") and c.data.tags.get(store.KEY_TAG) in done else status
                 for c, status in zip(children, statuses)]
     counts = {s: statuses.count(s) for s in ("FINISHED", "FAILED", "KILLED", "RUNNING", "RETRIED")}
+    jobs, arrays = cells.numbered(parent.data.tags, cells.JOB_TAG), cells.numbered(parent.data.tags, cells.ARRAY_TAG)
+    # a job tag still RUNNING here is a job whose process is gone (its closer is not it)
+    counts["KILLED"] = max(counts["KILLED"], sum(j.get("state") in (cells.KILLED, "RUNNING") for j in jobs.values()))
+    counts["LEFT"] = sum(num not in jobs for num, array in arrays.items() if array.get("local"))
+    if counts["LEFT"] or (interrupted and not counts["FAILED"]):
+        client.set_tag(run_id, "prunebench.error", f"the sweep stopped before its end: {counts['LEFT']} cell(s) "
+                                                   "never started (the same command again runs what is left)")
     for status, n in counts.items():
         client.set_tag(run_id, f"prunebench.jobs_{status.lower()}", str(n))
     try:
         # a resumed sweep whose every job was done before still reports its grid
-        if report and (any(counts.values()) or cell_run_ids(client.get_run(run_id))):
+        if report and (counts["FINISHED"] or counts["FAILED"] or cell_run_ids(client.get_run(run_id))):
             out = get_method(report)(experiment, run_id, sweep_dir / "report")
             client.log_artifacts(run_id, str(out), "report")
             describe(client, run_id, (out / "results.md").read_text())
@@ -169,8 +242,8 @@ def close_sweep(uri: str, run_id: str, experiment: str, report: str | None, swee
             log.info("sweep report: %s (and under report/ in run %s)", out / "results.md", run_id)
     except Exception:  # a report failure must not lose the sweep's status
         log.exception("could not build the sweep report")
-    failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"]
-    client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+    failed = counts["FAILED"] + counts["KILLED"] + counts["RUNNING"] + counts["LEFT"]
+    client.set_terminated(run_id, "FAILED" if failed or interrupted else "FINISHED")
     log.info("sweep %s: %s", run_id, counts)
 
 
@@ -201,13 +274,17 @@ def absolute_uri(uri: str) -> str:
 
 
 def close_if_done(uri: str, run_id: str, stale_s: float) -> bool:
-    """Closes a detached sweep whose every cell has ended, if this process wins the closing (the
-    module's docstring); True when it closed it."""
+    """Closes a detached sweep whose every cell has ended, or a local one whose process is gone, if
+    this process wins the closing (the module's docstring); True when it closed it."""
     client = MlflowClient(uri)
     parent = client.get_run(run_id)
     tags = parent.data.tags
-    if (parent.info.status != "RUNNING" or tags.get(DETACHED_TAG) != "true" or tags.get(SUBMITTED_TAG) != "true"
-            or CLOSER_PARAM in parent.data.params):
+    if parent.info.status != "RUNNING" or CLOSER_PARAM in parent.data.params:
+        return False
+    if tags.get(DETACHED_TAG) == "true" and tags.get(SUBMITTED_TAG) != "true":
+        return False
+    # a local sweep is its process's to close while it lives
+    if tags.get(DETACHED_TAG) != "true" and (cells.SWEEP_WORKER_TAG not in tags or not cells.sweep_gone(parent)):
         return False
     stale_s = float(parent.data.tags.get(STALE_TAG, stale_s))
     if not all(cell.ended for cell in cells.read_cells(client, run_id, stale_s)):
@@ -252,6 +329,9 @@ def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: f
     except BaseException:
         cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
         raise
+    if interrupts.received:  # a Ctrl-C a library swallowed: the job and the sweep stop here
+        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
+        interrupts.check()
     cells.job_tag(client, parent_run_id, num, {**state, "state": "SKIPPED" if end.skipped else "FINISHED",
                                                "end": time.time()})
     close_quietly(uri, parent_run_id, stale_s)

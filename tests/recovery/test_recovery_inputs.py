@@ -1,0 +1,140 @@
+"""Recovery inputs past the table of tests/test_bad_input.py: a large text read in pieces, the
+warnings for options that do nothing, the reason no instruction example is left, and recovery on a
+mixture-of-experts model (its fused expert parameters trained without dropout)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tracemalloc
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TINY_MC, compose_cfg
+from prunebench.corpora import TextFile
+from prunebench.evaluation.perplexity.windows import token_windows
+from prunebench.models.tiny import tiny_tokenizer
+from prunebench.recovery.data import recovery_data, streamed_windows
+from prunebench.validate import validate
+
+ALPACA = {"instruction": "Add the numbers.", "input": "2 and 2", "output": "4"}
+
+
+class CharTokenizer:
+    """One token a character, BOS first: cheap enough to read megabytes in a test; records the
+    longest text it was given."""
+
+    bos_token_id, eos_token_id = 1, 2
+    longest = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.longest = max(self.longest, len(text))
+        return [3 + ord(c) % 200 for c in text]
+
+    def __call__(self, text, **kwargs):
+        return {"input_ids": [1, *self.encode(text)]}
+
+
+def transient_bytes(path, tokenizer) -> tuple[int, int]:
+    """(Python memory at the peak beyond what the windows keep, the windows' count)."""
+    tracemalloc.start()
+    try:
+        windows = streamed_windows(TextFile(str(path), option="recovery.path"), tokenizer, 128)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - kept, len(windows)
+
+
+def test_a_one_line_text_is_tokenized_in_pieces_whatever_its_size(tmp_path, monkeypatch):
+    import prunebench.recovery.data as data
+
+    monkeypatch.setattr(data, "window_prefix", lambda tokenizer: [1])
+    words = "lorem ipsum dolor sit amet "
+    sizes = {}
+    for megabytes in (1, 4):
+        path = tmp_path / f"one_line_{megabytes}.txt"
+        path.write_text(words * (megabytes * (1 << 20) // len(words)))  # no line end at all
+        tokenizer = CharTokenizer()
+        extra, count = transient_bytes(path, tokenizer)
+        assert count == path.stat().st_size // 127
+        assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
+        sizes[megabytes] = extra
+    # tokenized whole, the 4 MB text's token list alone was 4x the 1 MB one's: here the transient
+    # memory is a piece's, the same at both sizes
+    assert sizes[4] < 1.5 * sizes[1] + (4 << 20), sizes
+
+
+def test_pieces_give_the_windows_of_the_whole_text(tmp_path):
+    text = "".join(f"Line {i}: the quick brown fox, café {i * 7}.\n" for i in range(300))
+    path = tmp_path / "lines.txt"
+    path.write_text(text)
+    tokenizer = tiny_tokenizer()
+    whole = token_windows(tokenizer.encode(text, add_special_tokens=False), 32, [tokenizer.bos_token_id]).tolist()
+    corpus = TextFile(str(path), option="recovery.path")
+    corpus.pieces = lambda size=512, original=corpus.pieces: original(size)  # many pieces
+    assert len(list(corpus.pieces())) > 10
+    assert streamed_windows(corpus, tokenizer, 32) == whole
+
+
+def records(path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_options_that_do_nothing_are_warned_about(tmp_path, caplog):
+    path = records(tmp_path / "rec.jsonl", [ALPACA] * 10)
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg([*TINY_MC, "pruner=magnitude", "recovery=lora", "recovery.data=file",
+                              f"recovery.path={path}", "recovery.batch_size=4", "recovery.micro_batch_size=4",
+                              "recovery.val_samples=1", "recovery.n_samples=8", "recovery.max_steps=10",
+                              "recovery.warmup_steps=0", "recovery.val_every=50", "recovery.early_stopping_patience=2"]))
+    assert "recovery.n_samples=8 is read only for text" in caplog.text
+    assert "recovery.val_every=50 is beyond recovery.max_steps=10" in caplog.text
+    assert "early_stopping_patience=2 never stops anything" in caplog.text
+
+
+def test_records_whose_prompt_fills_seq_len_say_why_no_example_is_left(tmp_path):
+    long = {**ALPACA, "instruction": "Add the numbers, carefully and step by step. " * 10}
+    path = records(tmp_path / "rec.jsonl", [long] * 10)
+    cfg = compose_cfg([*TINY_MC, "pruner=magnitude", "recovery=lora", "recovery.data=file", f"recovery.path={path}",
+                       "recovery.batch_size=4", "recovery.micro_batch_size=4", "recovery.val_samples=1",
+                       "recovery.seq_len=16"])
+    data = recovery_data(cfg)
+    with pytest.raises(ValueError, match=r"0 examples .* 10 record\(s\) were dropped because their prompt fills "
+                                         r"recovery.seq_len=16 tokens.*recovery.train_on_inputs=true"):
+        data.split(data.examples(tiny_tokenizer()))
+
+
+@pytest.mark.parametrize("objective", ["lora", "distill"])
+def test_recovery_trains_a_mixture_of_experts_with_dropout_on_its_attention(tmp_path, objective, one_thread):
+    from prunebench.pruning import prune
+    from prunebench.recovery.train import adapted, recover
+
+    path = tmp_path / "recovery.txt"
+    path.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    cfg = compose_cfg([*TINY_MC, "model=tiny-qwen3-moe", "pruner=magnitude", "sparsity=0.3", f"recovery={objective}",
+                       "recovery.data=file", f"recovery.path={path}", "recovery.seq_len=32", "recovery.batch_size=4",
+                       "recovery.micro_batch_size=2", "recovery.val_samples=4", "recovery.warmup_steps=0",
+                       "recovery.max_steps=2"])
+    validate(cfg)
+    options = OmegaConf.to_container(cfg.recovery, resolve=True)
+    assert options["lora"]["dropout"] > 0
+    loaded, _, _, _ = prune(cfg, dense=False)
+    teacher = None
+    if objective == "distill":
+        from prunebench.models.cache import get_model
+
+        teacher = get_model(cfg.model).model
+    wrapped = adapted(loaded.model, options)
+    trained = {name for name, p in wrapped.named_parameters() if p.requires_grad}
+    assert any(".experts." in name for name in trained) and any("q_proj.lora_A" in name for name in trained)
+    dropouts = {name: m.p for name, m in wrapped.named_modules() if isinstance(m, torch.nn.Dropout) and "lora_dropout" in name}
+    assert dropouts and all(p == options["lora"]["dropout"] for p in dropouts.values()), dropouts
+    wrapped.unload()  # the adapters off again: recover wraps the model itself
+    loaded, _, _, _ = prune(cfg, dense=False)
+    metrics, _ = recover(loaded, options, recovery_data(cfg), cfg.trainer, teacher=teacher)
+    assert metrics["recovery/steps"] == 2
+    assert type(loaded.model).__name__ == "Qwen3MoeForCausalLM"  # merged: no adapter left
