@@ -22,7 +22,7 @@ RUN_ARGS ?= -m model=gemma3-270m model.dtype=auto pruner=none,magnitude sparsity
 SERVER_DIR ?= mlflow-server
 SERVER_PORT ?= 5000
 
-.PHONY: install test test-fast run ui server server-stop report bench-gpu clean
+.PHONY: install lint test test-fast run ui server server-stop report bench-gpu clean
 
 install: $(STAMP)
 
@@ -30,9 +30,13 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev,server]' $(TORCH_PIN) --config-settings editable_mode=compat
 	$(BIN)/python -m pip install -q --no-deps $(NO_DEPS)
 	touch $@
+
+# pyflakes and pycodestyle's errors over the code, tests and scripts ([tool.ruff] in pyproject.toml)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts
 
 # one pytest-xdist worker per core, each module on one worker (its module fixtures, a server, a
 # cluster or a loaded reference, made once), in conftest's order: the longest first. Not loadgroup:

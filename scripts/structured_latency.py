@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
                 del pruned, reloaded
-    print("\n| pruner | sparsity | params removed | prefill ms dense / pruned (x) | decode ms/token dense / pruned (x) | export decode (x) |")
+    print("\n| pruner | sparsity | params removed | prefill ms dense / pruned (x) | decode ms/token dense / pruned (x) "
+          "| export decode (x) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['pruner']} | {r['sparsity']:g} | {r['params_removed']:.1%} | {r['dense_prefill_ms']:.1f} / "

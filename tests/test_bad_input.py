@@ -15,10 +15,11 @@ import mlflow
 import pytest
 
 from conftest import TINY_MC, compose_cfg
-from vlm_fixtures import write_vlm_data
+from helpers.vlm_fixtures import write_vlm_data
 from prunebench import job, pruning
 from prunebench.paths import CONF_DIR
-from prunebench.validate import ConfigError, check_root_keys, validate
+from prunebench.tracking.run_key import check_added_keys, undeclared
+from prunebench.validate import ConfigError, validate
 
 GOOD = {"question": "2+2?", "choices": ["4", "5"], "label": 0}
 
@@ -207,7 +208,7 @@ def no_model(monkeypatch):
 def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_model):
     overrides = case_overrides(name, tmp_path)
     with pytest.raises(ConfigError) as err:
-        job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]))
+        job.run(compose_cfg([*overrides, "trainer.enable_progress_bar=false"]), overrides)
     for word in CASES[name][2]:
         assert word in str(err.value), str(err.value)
     assert "\n" not in str(err.value), str(err.value)
@@ -235,13 +236,13 @@ def test_unknown_tracking_scheme_fails_the_sweep_with_one_clear_line(store):
 @pytest.mark.parametrize("option", sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")))
 def test_the_root_keys_an_experiment_sets_are_defined(option):
     """An experiment's own root keys (hies_vit's vision_data) are the config's, not a typo's."""
-    check_root_keys(compose_cfg([f"experiment={option}"]))
+    assert undeclared(compose_cfg([f"experiment={option}"])) == []
 
 
 @pytest.mark.parametrize("extra", [["+model.device_map=auto"], ["++data_dir=/tmp"], ["seed=3"],
                                    ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa"]])
 def test_plus_overrides_under_a_defined_root_key_pass(extra):
-    check_root_keys(compose_cfg(extra))
+    check_added_keys(compose_cfg(extra), extra)
 
 
 @pytest.mark.process
@@ -268,7 +269,7 @@ def test_a_hub_id_without_the_hub_says_it_was_taken_as_one(store, tmp_path, no_m
 def test_the_context_is_read_from_config_json_or_model_max_length(tmp_path):
     from transformers import LlamaConfig
 
-    from prunebench.validate import model_context
+    from prunebench.models.checks import model_context
 
     LlamaConfig(max_position_embeddings=64).save_pretrained(tmp_path)
     assert model_context(compose_cfg(["model=hf_causal", f"model.path={tmp_path}"]).model) == 64

@@ -48,8 +48,9 @@ def with_train(data_dir):
 
 
 def test_windows_are_deterministic_per_seed_and_start_with_bos(data_dir, tokenizer):
-    make = lambda seed: WikiText2Calibration(split="train", data_dir=str(with_train(data_dir)), name="wikitext2",
-                                             seed=seed, **SAMPLING).samples(tokenizer)
+    def make(seed):
+        return WikiText2Calibration(split="train", data_dir=str(with_train(data_dir)), name="wikitext2", seed=seed,
+                                    **SAMPLING).samples(tokenizer)
     first, again, other = make(0), make(0), make(1)
     assert first.shape == (6, 24) and first.dtype == torch.long
     assert torch.equal(first, again) and not torch.equal(first, other)

@@ -4,7 +4,6 @@ model=hf_causal, pruner=none) to the run's own predictions, at fp32, document by
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -12,11 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from conftest import TINY_MC, compose_cfg
 from prunebench.job import run
-from prunebench.report.predictions import read_predictions
 from prunebench.validate import ConfigError
+from helpers.export import JOB, TASK, assert_same, exported_folder, last_run, reloaded_run, round_trip
 
-TASK = TINY_MC[1:]  # the local multiple-choice task, without the model
-JOB = ["tracking.ensure_dense=false", "limit=4"]
 
 
 @pytest.fixture
@@ -26,46 +23,14 @@ def calib(tmp_path) -> list[str]:
     return ["calib=file", f"calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"]
 
 
-def last_run():
-    return mlflow.search_runs(experiment_names=["prunebench"], output_format="list",
-                              order_by=["attributes.start_time DESC"])[0]
 
 
-def exported_folder(run_, tmp_path: Path) -> Path:
-    where = run_.data.tags["prunebench.export"]
-    kind, _, target = where.partition(":")
-    if kind == "dir":
-        return Path(target)
-    assert kind == "mlflow-model" and target.startswith("models:/"), where
-    return Path(mlflow.artifacts.download_artifacts(target, dst_path=str(tmp_path / run_.info.run_id)))
 
 
-def reloaded_run(folder: Path, task: list[str], family: str = "causal_lm", model: str = "hf_causal"):
-    """The exported folder evaluated as a dense model on `task`: (its metrics, its run)."""
-    metrics = run(compose_cfg([f"model={model}", f"model.path={folder}", f"model.family={family}", *task, *JOB,
-                               "pruner=none"]))
-    return metrics, last_run()
 
 
-def assert_same(pruned, reloaded, task: str, metrics: tuple[str, ...]) -> None:
-    """The same weights, shapes and tokenizer run the same kernels: equal bit for bit at fp32."""
-    for key in metrics:
-        assert reloaded.data.metrics[f"{task}/{key}"] == pruned.data.metrics[f"{task}/{key}"], key
-    def documents(run_):  # a generation task lists documents in its batches' order: by id
-        return sorted(read_predictions(run_.info.run_id, task), key=lambda record: record["doc_id"])
-
-    assert documents(reloaded) == documents(pruned)
 
 
-def round_trip(model: str, overrides: list[str], tmp_path: Path, family: str = "causal_lm"):
-    """Runs the pruned job with export=true, then the export as a dense hf_causal model on the same
-    documents; returns (pruned run, reloaded run, the folder, its pruning.json)."""
-    run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=true"]))
-    pruned = last_run()
-    folder = exported_folder(pruned, tmp_path)
-    _, reloaded = reloaded_run(folder, TASK, family)
-    assert_same(pruned, reloaded, "local_mc", ("acc", "acc_norm"))
-    return pruned, reloaded, folder, json.loads((folder / "pruning.json").read_text())
 
 
 def test_magnitude_export_is_a_logged_model_of_the_run_that_the_registry_takes(store, tmp_path):
@@ -193,12 +158,12 @@ def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
     (["model=tiny-mixtral", "pruner=moe_topk", "export=true"], "not its weights"),
 ])
 def test_bad_export_options_fail_before_any_model_loads(overrides, message):
-    from prunebench.validate import check_export
+    from prunebench.export.options import ExportOptions
     from hydra.utils import get_class
 
     cfg = compose_cfg(overrides)
     with pytest.raises(ConfigError, match=message):
-        check_export(cfg, get_class(cfg.pruner._target_))
+        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
 
 
 def test_an_unwritable_export_dir_is_refused(tmp_path):
@@ -219,7 +184,7 @@ def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tm
 
     from prunebench.models.cache import get_model
     from prunebench.export.folder import mark_layers, widths, write_pretrained
-    from test_vlm_pruning import image_inputs, pruned
+    from helpers.vlm_pruning import image_inputs, pruned
 
     base = get_model(compose_cfg(["model=tiny-llava"]).model)
     before = widths(base.model)

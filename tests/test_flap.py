@@ -254,7 +254,7 @@ def calib(calib_text) -> list[str]:
 
 def test_export_reloads_to_the_same_predictions_with_its_biases_and_fewer_parameters(store, tmp_path, calib):
     from safetensors import safe_open
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters

@@ -23,7 +23,8 @@ def test_front_per_setting_flags_the_undominated_runs_and_names_the_untimed():
     markdown, fig = speed_front_section(table())
     assert len(fig.axes) == 2  # two settings: never one panel
     first = markdown.split("### m · limit=8")[1].split("###")[0]
-    flags = {line.split("|")[-2].strip(): line.split("|")[-3].strip() for line in [l for l in first.splitlines() if l.startswith("|")][2:]}
+    rows = [row for row in first.splitlines() if row.startswith("|")][2:]
+    flags = {line.split("|")[-2].strip(): line.split("|")[-3].strip() for line in rows}
     # flap 0.5 (1.1x, 0.50) is beaten by flap 0.2 (1.15x, 0.62); the rest are each best at their speed
     assert flags == {"d1": "True", "s1": "True", "f1": "True", "f2": "False"}
     assert "no latency measured (`bench=none`): width_amp 0.5 (w1)" in markdown

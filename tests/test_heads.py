@@ -138,11 +138,11 @@ def michel_head_importance(model, batch, loss_fn):
         hook.remove()
     out = []
     for i, h in enumerate(heads):
-        b, l = ctx[i].shape[0], ctx[i].shape[1]
-        c = ctx[i].detach().reshape(b, l, h.n_heads, h.head_dim).permute(0, 2, 1, 3)  # [b, h, l, i]
-        g = ctx[i].grad.reshape(b, l, h.n_heads, h.head_dim).permute(0, 2, 1, 3)
+        b, n = ctx[i].shape[0], ctx[i].shape[1]
+        c = ctx[i].detach().reshape(b, n, h.n_heads, h.head_dim).permute(0, 2, 1, 3)  # [b, h, n, i]
+        g = ctx[i].grad.reshape(b, n, h.n_heads, h.head_dim).permute(0, 2, 1, 3)
         dot = torch.einsum("bhli,bhli->bhl", g, c)
-        tot_tokens = batch["attention_mask"].sum() if "attention_mask" in batch else b * l
+        tot_tokens = batch["attention_mask"].sum() if "attention_mask" in batch else b * n
         out.append(dot.abs().sum(-1).sum(0) / tot_tokens)
     return out
 

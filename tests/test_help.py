@@ -25,7 +25,7 @@ def test_help_lists_the_groups_and_common_keys_and_hides_internal_groups():
 def test_help_and_plan_help_list_the_options_found_on_the_search_path(tmp_path, capsys, monkeypatch):
     """A lab's package (pkg://) and a folder (file://, here with a space and a quote in its path)
     add options and whole groups: both helps list them beside prunebench's own."""
-    from prunebench.plan import main as plan_main
+    from prunebench.cli import plan_main
 
     folder = tmp_path / "lab's configs"
     for group, option in (("pruner", "scratch"), ("sweep_notes", "first")):

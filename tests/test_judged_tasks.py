@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 
-from chat_server import ChatServer, benchmark_judge, user_text
+from helpers.chat_server import ChatServer, benchmark_judge, user_text
 from conftest import SHARED_DATA, compose_cfg, stand_in_images
 from prunebench import job
 from prunebench.api.errors import ConfigError
 from prunebench.tasks.build import build_tasks
-from vlm_fixtures import write_vlm_data
+from helpers.vlm_fixtures import write_vlm_data
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "pruner=none"]
 COCO = SHARED_DATA / "llava-bench-coco"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from chat_server import ChatServer, user_text
+from helpers.chat_server import ChatServer, user_text
 from prunebench.judges.openai_compatible import OpenAICompatibleJudge
 from prunebench.tasks.llava_bench import parse_score
 from prunebench.tasks.mm_vet import parse_correctness

@@ -232,7 +232,7 @@ def calib(calib_text) -> list[str]:
 
 
 def test_export_reloads_to_the_same_predictions_and_stores_fewer_parameters(store, tmp_path, calib):
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters
@@ -252,7 +252,7 @@ OUTSIDE_THE_RANGE = ["pruner=llm_pruner", "pruner.layer_range=index", "pruner.at
 
 def test_export_stores_the_layers_outside_the_range_whole_and_the_others_narrower(store, tmp_path, calib):
     from safetensors import safe_open
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters
@@ -273,7 +273,7 @@ def test_export_stores_the_layers_outside_the_range_whole_and_the_others_narrowe
 
 
 def test_export_padded_is_a_stock_checkpoint_that_plain_transformers_loads(store, tmp_path, calib):
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters

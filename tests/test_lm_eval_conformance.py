@@ -8,14 +8,13 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from lightning import Trainer
 from omegaconf import OmegaConf
 
 from conftest import FIXTURES, close_to, compose_cfg, shared_file
 from prunebench.evaluation.lm_eval_reference import reference_requests, reference_samples, reference_tasks
-from prunebench.evaluation.registry import evaluation
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
+from helpers.lm_eval_requests import our_records, our_requests
 
 pytestmark = [pytest.mark.lm_eval,
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
@@ -34,8 +33,6 @@ def our_tasks(*overrides: str) -> dict:
     return tasks
 
 
-def our_requests(task) -> list[list[tuple[str, str]]]:
-    return [list(zip(i.contexts, i.continuations)) for i in task.instances()]
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +63,6 @@ def test_requests_equal_lm_evals_on_the_shared_data(tmp_path):
         assert our_requests(task) == reference_requests(reference[name]), name
 
 
-def our_records(loaded, task, add_bos=None, limit=None, numerics="fast", lm_eval_batch_size=1) -> list[dict]:
-    options = OmegaConf.create({"batch_tokens": 512, "add_bos": add_bos, "numerics": numerics,
-                                "lm_eval_batch_size": lm_eval_batch_size})
-    data, module = evaluation(task, loaded, limit, options)
-    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
-        module, datamodule=data, verbose=False)
-    return sorted(module.records, key=lambda r: r["doc_id"])
 
 
 @pytest.mark.parametrize(("add_bos", "max_length"), [(None, None), (False, None), (None, 96)],

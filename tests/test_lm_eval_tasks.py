@@ -382,7 +382,8 @@ def test_a_job_without_lm_eval_tasks_never_imports_lm_eval():
 
     code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose_cfg; "
             "from prunebench.validate import validate; from prunebench.job import run; "
-            f"validate(compose_cfg(['model=tiny-llama', 'task=local_mc', 'task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}'])); "
+            f"validate(compose_cfg(['model=tiny-llama', 'task=local_mc', "
+            f"'task.tasks.local_mc.source.path={FIXTURES / 'mc_questions.jsonl'}'])); "
             "assert 'lm_eval' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lm_eval'))[:5]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=FIXTURES.parent.parent)
 

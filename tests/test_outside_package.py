@@ -23,7 +23,7 @@ from conftest import compose_cfg
 from prunebench.cache import content_key
 from prunebench.pruning import score_identity
 from prunebench.paths import CONF_DIR
-from prunebench.plan import main as plan_main
+from prunebench.cli import plan_main
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.validate import ConfigError, validate
 

@@ -18,7 +18,6 @@ from prunebench.job import run
 from prunebench.report.cli import main as report_main
 from prunebench.report.paper import mcnemar, paper_table, task_results
 from prunebench.report.table import load_runs
-from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 
 def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():
@@ -190,7 +189,7 @@ def tuned(store, tmp_path, one_thread):
     """Three sweeps as `recovery=none,lora` grids make them: magnitude at 0.5 w/o tune (and the dense
     run), the same w/ tune (a 2-step LoRA on a text file, validated each step), and 0.3 w/ tune
     alone, which has no counterpart w/o tune. Returns the parents' run ids."""
-    from test_recovery import TEXT, recovery_overrides
+    from helpers.recovery import TEXT, recovery_overrides
 
     text = tmp_path / "recovery.txt"
     text.write_text(TEXT * 60)
@@ -295,8 +294,8 @@ def test_perplexity_gets_a_verdict_against_dense_and_against_the_unrecovered_run
     model's; both verdicts re-derived here from the windows' logged (NLL, tokens)."""
     from prunebench.report.paper import paired_with
     from prunebench.report.predictions import Predictions
-    from test_perplexity import ARTICLE
-    from test_recovery import recovery_overrides
+    from helpers.texts import ARTICLE
+    from helpers.recovery import recovery_overrides
 
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
     (tmp_path / "wikitext2").mkdir()

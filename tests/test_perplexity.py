@@ -20,11 +20,10 @@ from prunebench.evaluation.perplexity.windows import token_windows
 from prunebench.job import run
 from prunebench.models.tiny import load_tiny
 from prunebench.tasks.perplexity import PerplexityTask
+from helpers.texts import ARTICLE
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
-ARTICLE = (" = Valkyria Chronicles III = \n Senjō no Valkyria 3 : Unrecorded Chronicles is a tactical role @-@ "
-           "playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

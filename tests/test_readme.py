@@ -22,7 +22,7 @@ import pytest
 from conftest import MC_FIXTURE, compose_cfg
 from prunebench import job
 from prunebench.export.cli import main as export_main
-from prunebench.plan import main as plan_main
+from prunebench.cli import plan_main
 from prunebench.report.cli import main as report_main
 from prunebench.report.compare import main as compare_main
 

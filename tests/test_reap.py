@@ -20,7 +20,7 @@ from prunebench.job import run
 from prunebench.pruners.reap import ReapPruner, saliency
 from prunebench.pruners.routing import moe_routers
 from prunebench.validate import ConfigError, validate
-from test_export import TASK, round_trip
+from helpers.export import TASK, round_trip
 
 FAMILIES = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe"]
 _MODELS: dict[str, object] = {}

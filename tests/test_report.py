@@ -15,7 +15,6 @@ from prunebench.report.build import write_report
 from prunebench.report.cli import main as report_main
 from prunebench.report.suites import suite_members, suite_tables
 from prunebench.report.table import load_runs, results_table, task_columns
-from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 
 def test_table_values_equal_mlflow_metrics(store, tmp_path, capsys):

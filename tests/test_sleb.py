@@ -173,7 +173,7 @@ def calib(calib_text) -> list[str]:
 
 
 def test_export_reloads_to_the_same_predictions_with_fewer_parameters(store, tmp_path, calib):
-    from test_export import round_trip
+    from helpers.export import round_trip
 
     from prunebench.models.cache import get_model
 

@@ -83,8 +83,9 @@ def interrupt(uri: str, env: dict, going: Callable[[], bool], release_requeued: 
     """While the sweep runs (`going`): cancels one job and requeues another as soon as each holds its
     claim (inside the job, its run RUNNING), so each is hit mid-job. A look and the signal it leads to
     are apart in time, and a job may end its run between them: a hit counts once the job has ended
-    its run KILLED; one whose run ended any other way missed, and another job takes its place. Returns the jobs hit that way, and under "requeued" every job requeued (SLURM holds
-    each back, those that missed included)."""
+    its run KILLED; one whose run ended any other way missed, and another job takes its place. Returns
+    the jobs hit that way, and under "requeued" every job requeued (SLURM holds each back, those that
+    missed included)."""
     want = {"scancel": 1, "requeue": 1}
     landed = {"scancel": [], "requeue": []}
     pending: dict[str, tuple[str, str]] = {}  # run id -> (how it was hit, the job)
@@ -196,7 +197,8 @@ DETACHED_LAUNCH = ["tracking.claim.heartbeat_s=1", "hydra/launcher=prunebench_sl
 # magnitude keys each sparsity once
 DETACHED_CELLS = 4
 DETACHED = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "limit=3",
-            "trainer.enable_progress_bar=false", "pruner=magnitude", "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, DETACHED_CELLS + 1)),
+            "trainer.enable_progress_bar=false", "pruner=magnitude",
+            "sparsity=" + ",".join(f"{s / 20:g}" for s in range(1, DETACHED_CELLS + 1)),
             "tracking.ensure_dense=false", *DETACHED_LAUNCH]
 ROW = re.compile(r"^\s*(\d+)\s+(done|running|failed|waiting|killed|submitting)\s+(\S+)\s+(.*)$")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from PIL import Image
 
 from conftest import MC_FIXTURE
-from test_classification import glue_dir  # noqa: F401 (a fixture: GLUE's tsv files in the release's layout)
 
 BASE = ["model=tiny-llama", "task=local_mc", "trainer.enable_progress_bar=false"]
 

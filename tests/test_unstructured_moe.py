@@ -12,7 +12,7 @@ from prunebench.pruners.activations import input_square_sums
 from prunebench.models.experts import expert_matrices, fused_experts
 from prunebench.pruners.matrices import eager_experts, input_hooks
 from prunebench.pruners.unstructured import MagnitudePruner, RandomPruner, SparseGPTPruner, WandaPruner
-from test_unstructured import calib
+from helpers.unstructured import calib
 
 FAMILIES = ["tiny-mixtral", "tiny-olmoe", "tiny-qwen2-moe", "tiny-qwen3-moe"]
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
-from PIL import Image
 
 from conftest import compose_cfg, reordered
 from prunebench.api.errors import ConfigError
 from prunebench.models.attention import attention_heads
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
+from helpers.vlm_pruning import image_inputs, pruned
 
 VISION, PROJECTOR, LANGUAGE = "model.vision_tower.", "model.multi_modal_projector.", "model.language_model."
 # image+text calibration: two easy_vqa train questions with their images and answers (offline)
@@ -30,14 +29,6 @@ def tiny_llava():
     return get_model(compose_cfg(["model=tiny-llava"]).model)
 
 
-def pruned(base, overrides: list[str], sparsity: float = 0.5):
-    """A copy of `base` pruned as a job would prune it (the config validated first)."""
-    cfg = compose_cfg(["model=tiny-llava", "task=easy_vqa", f"sparsity={sparsity}", *overrides])
-    validate(cfg)
-    loaded, pruner = copy.deepcopy(base), instantiate(cfg.pruner, _convert_="all")
-    calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
-    stats = pruner.apply(loaded, pruner.score(loaded, calib), sparsity)
-    return loaded, stats
 
 
 def changed(before: torch.nn.Module, after: torch.nn.Module) -> set[str]:
@@ -48,9 +39,6 @@ def changed(before: torch.nn.Module, after: torch.nn.Module) -> set[str]:
             or not torch.equal(old[name], new[name])}
 
 
-def image_inputs(model, size=(16, 16)) -> dict:
-    picture = Image.fromarray(np.random.RandomState(1).randint(0, 255, (*size, 3), dtype=np.uint8))
-    return model.multimodal_inputs([model.chat_prompt("What colour is the shape?", 1)], [[picture]])
 
 
 @pytest.mark.parametrize("name", CALIBRATED + UNCALIBRATED)

@@ -67,3 +67,13 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_cache_root() -> None:
+    """`check_cache`'s refusal as a config error (the cache folder is `PRUNEBENCH_CACHE`'s)."""
+    from prunebench.api.errors import ConfigError
+
+    try:
+        check_cache()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

@@ -8,6 +8,7 @@ random window inside it (their C4 loader). Each window starts with BOS when the 
 from __future__ import annotations
 
 import copy
+import logging
 import random
 
 import torch
@@ -21,6 +22,8 @@ from prunebench.evaluation.encoding import window_prefix
 
 SAMPLING = ("stream", "document")
 
+
+log = logging.getLogger(__name__)
 
 class Calibration:
     """`samples(tokenizer)` -> LongTensor [n_samples, seq_len]; the same seed gives the same windows.
@@ -201,3 +204,48 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
     with open_dict(out):
         out.task = OmegaConf.merge(own, {"source": {"split": "train", "path": None}}, task or {})
     return out
+
+
+def check_calibration(cfg: DictConfig, tasks: dict, config, deferred: list[str] | None = None) -> None:
+    """A calibrating pruner's data, before any model loads: chosen, built and there, labelled to the
+    evaluated task where it is labelled, readable by the model (images only for a vision-language
+    model, and a vision tower scored on images), not the evaluated documents unless allowed, and
+    windows within the positions of the model's `config` (its stated config, None: not known)."""
+    from hydra.utils import instantiate
+
+    from prunebench.hub import deferring
+    from prunebench.models.pretrained import POSITION_KEYS, position_limit
+
+    if cfg.calib.get("_target_") is None:
+        raise ConfigError(f"pruner={cfg.pruner.name!r} needs calibration data, but calib={cfg.calib.name!r}; "
+                          f"choose one, e.g. calib=wikitext2 or calib=file calib.path=FILE")
+    try:
+        calib = instantiate(calibration_config(cfg), _convert_="all")
+        with deferring(deferred):
+            calib.check()
+        if isinstance(calib, LabelledCalibration):
+            calib.check_labels(tasks)
+    except ConfigError:
+        raise
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from err
+    except Exception as err:
+        raise ConfigError(f"calib={cfg.calib.name!r} is misconfigured: {err}") from err
+    with_images = bool(getattr(getattr(calib, "task", None), "doc_to_image", None))
+    if with_images and cfg.model.family != "vlm":
+        raise ConfigError(f"calib={cfg.calib.name!r} calibrates on images, which model={cfg.model.name!r} "
+                          f"(family {cfg.model.family!r}) cannot read; use a text calibration (calib=wikitext2, file, ...)")
+    if cfg.pruner.get("tower", "language") != "language" and not with_images:
+        raise ConfigError(f"pruner.tower={cfg.pruner.tower} scores the vision tower's heads on images, but "
+                          f"calib={cfg.calib.name!r} has none; use calib=image_text (a VQA task's unevaluated split)")
+    shared = calib.evaluated_overlap(tasks)
+    if shared and not calib.allow_eval_split:
+        raise ConfigError(f"calib={cfg.calib.name!r} reads data that is evaluated ({shared}); calibrate on "
+                          f"another split or source, or set calib.allow_eval_split=true to do it anyway")
+    # a warning, not a refusal: a rotary model runs past its stated positions, and the releases'
+    # default (2048) exceeds the small test models' 256
+    seq_len, positions = cfg.calib.get("seq_len"), position_limit(config)
+    if isinstance(seq_len, int) and positions and seq_len > positions:
+        log.warning("calib.seq_len=%d is beyond model=%r's %d positions (%s of its config): its statistics come "
+                    "from a model outside its range; set calib.seq_len=%d or less", seq_len, cfg.model.name,
+                    positions, " / ".join(POSITION_KEYS), positions)

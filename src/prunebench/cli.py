@@ -41,7 +41,7 @@ def app(cfg: DictConfig) -> None:
     end_runs_on_sigterm()
     overrides = list(HydraConfig.get().overrides.task)
     if cfg.get("plan"):  # one job's plan (a sweep's is its callback's, before any job launches)
-        print(format_plan(plan(overrides, {}, lambda _: cfg), " ".join(overrides)))
+        print(format_plan(plan([overrides], lambda _: cfg), " ".join(overrides)))
         return
     try:
         parent = os.environ.get(PARENT_ENV)
@@ -98,3 +98,28 @@ def exit_outside_the_store(signum: int, frame) -> None:
 def main() -> None:
     end_runs_on_sigterm()
     app()
+
+
+def plan_main(argv: list[str] | None = None) -> int:
+    """prunebench-plan [OVERRIDES]: `prunebench -m OVERRIDES plan=true`, the same sweeper expanding
+    the same grid (e.g. experiment=mop_llama2, pruner='glob(w*)'); lists every job, runs none."""
+    arguments = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("-m", "--multirun")]
+    if {"-h", "--help"} & set(arguments):
+        print(plan_main.__doc__ + "\n")
+        return run_app(["prunebench-plan", "--help", *[a for a in arguments if a.startswith("hydra.")]])
+    return run_app(["prunebench-plan", "-m", *[a for a in arguments if not a.startswith("plan=")], "plan=true"])
+
+
+def run_app(argv: list[str]) -> int:
+    """The Hydra app on the command line `argv`, in this process."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    argv, sys.argv = list(sys.argv), argv
+    try:
+        app()
+    except SystemExit as end:  # the plan's status, from the sweep callback
+        return end.code if isinstance(end.code, int) else 1 if end.code else 0
+    finally:  # as it was: a caller in the same process may compose or plan again
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+    return 0

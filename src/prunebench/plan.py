@@ -9,19 +9,15 @@ the store is only read, and a store that does not exist yet is not created."""
 from __future__ import annotations
 
 import copy
-import functools
-import os
-import sys
+import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.config_loader import ConfigLoader
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, open_dict
 
 from prunebench.cache import content_key
 from prunebench.inputs import job_inputs
@@ -38,21 +34,6 @@ class PlannedJob:
     cost: str = ""
     note: str = ""
     serves: list[int] = field(default_factory=list)  # a dense baseline: the grid jobs it is the baseline of
-
-
-def sweep_jobs(params: dict, arguments: list[str]) -> list[list[str]]:
-    """Each job's overrides, expanded as Hydra's basic sweeper expands `hydra.sweeper.params` and
-    the command line (the command line wins over a preset's axis of the same key)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
-
-
-def fixed_overrides(arguments: list[str]) -> list[str]:
-    """The command line without its sweeps: what composes the config that holds a preset's axes."""
-    return [o.input_line for o in OverridesParser.create().parse_overrides(list(arguments))
-            if not o.is_sweep_override()]
 
 
 def finished_keys(uri: str, experiment: str) -> set[str]:
@@ -84,8 +65,10 @@ def size_class(model: DictConfig) -> str:
 
 def work_class(cfg: DictConfig, scored: set[str]) -> str:
     """What the job computes: scoring is paid by the first job of a (model, scorer, calib) group and
-    read from the score cache by the others; MoP re-scores as it prunes, in every job."""
+    read from the score cache by the others; MoP re-scores as it prunes, in every job; a recovery
+    adds its training (hours on a real model), in optimizer steps or epochs."""
     from prunebench.pruning import score_identity
+    from prunebench.tracking.run_key import recovering
 
     pruner = instantiate(cfg.pruner, _convert_="all")  # an option may decide `cacheable` (wanda's sequential)
     if is_dense(cfg) or not pruner.needs_calibration:
@@ -96,99 +79,28 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
         key = content_key(score_identity(cfg, True))
         work = "eval (scores shared)" if key in scored else "score+eval"
         scored.add(key)
+    if recovering(cfg) and not is_dense(cfg):
+        rec = cfg.recovery
+        work += f"+recovery({rec.max_steps} steps)" if rec.max_steps else f"+recovery({rec.epochs} epochs)"
     return work + ("+latency" if cfg.bench.name != "none" else "")
 
 
-def sweeper_params(config: DictConfig) -> dict:
-    """A preset's `hydra.sweeper.params` (an empty node when the command line alone sweeps)."""
-    params = config.hydra.sweeper.params
-    return OmegaConf.to_container(params, resolve=False) if params else {}
-
-
-def job_composer(config_name: str) -> Callable[[list[str]], DictConfig]:
-    """Hydra's compose of a job's overrides, the defaults tree built once per set of config-group
-    choices: a grid's jobs differ mostly in values (sparsity, seed, limit), and building the tree
-    costs 0.25-0.5 s a job on a 2-core CPU where copying the composed config and applying the values
-    as Hydra applies them takes about 4 ms. The overrides are split by Hydra's own rule (a dict
-    value, or a key naming no config group on the search path, sets a value; the rest choose); a
-    job with a `hydra.*` override composes in full. Call inside Hydra's initialization."""
-    from hydra import compose
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.global_hydra import GlobalHydra
-
-    repo = GlobalHydra.instance().config_loader().repository
-    trees: dict[tuple[str, ...], DictConfig] = {}
-
-    def compose_job(overrides: list[str]) -> DictConfig:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        if any(o.is_hydra_override() for o in parsed):
-            with yaml_parsed_once():
-                return compose(config_name, overrides=list(overrides))
-        values = [o for o in parsed if isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)]
-        choices = tuple(o.input_line for o in parsed if o not in values)
-        if choices not in trees:
-            with yaml_parsed_once():
-                trees[choices] = compose(config_name, overrides=list(choices))
-        cfg = copy.deepcopy(trees[choices])
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg
-
-    return compose_job
-
-
-@contextmanager
-def yaml_parsed_once() -> Iterator[None]:
-    """Hydra's config files (file:// sources) parsed once per process while each one's size and
-    modification time stay (`parsed_config_file`): Hydra parses every file of the tree again for every
-    compose (a tree of the default config 128 -> 111 ms with them parsed once). Hydra's own reading
-    otherwise: the header, and a new OmegaConf config each time (Hydra merges a loaded config's nodes
-    into the job's config, so a config is never handed out twice)."""
-    from hydra._internal.core_plugins.file_config_source import FileConfigSource
-    from hydra.plugins.config_source import ConfigLoadError, ConfigResult
-
-    def load_config(source: FileConfigSource, config_path: str) -> ConfigResult:
-        path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            raise ConfigLoadError(f"Config not found : {path}") from None
-        header, content = parsed_config_file(path, stat.st_mtime_ns, stat.st_size)
-        config = OmegaConf.create() if content is None else OmegaConf.create(copy.deepcopy(content))
-        return ConfigResult(config=config, path=f"{source.scheme()}://{source.path}", provider=source.provider,
-                            header=dict(header))
-
-    read = FileConfigSource.load_config
-    FileConfigSource.load_config = load_config
-    try:
-        yield
-    finally:
-        FileConfigSource.load_config = read
-
-
-@functools.cache
-def parsed_config_file(path: str, mtime_ns: int, size: int) -> tuple[dict, object]:
-    """A config file's header and YAML content as Hydra and OmegaConf read them, keyed by mtime and
-    size too, so a file rewritten in the process is parsed again."""
-    from hydra.plugins.config_source import ConfigSource
-    from omegaconf._utils import get_yaml_loader
-
-    text = Path(path).read_text(encoding="utf-8")
-    return ConfigSource._get_header_dict(text[:512]), yaml.load(text, Loader=get_yaml_loader())
-
-
-def plan(arguments: list[str], params: dict, compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
+def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
     from prunebench.tasks.lm_eval_task import PLANNED
+    from prunebench.pruning import key_by_removed
     from prunebench.validate import validate
 
     PLANNED.clear()  # this plan's lm-eval tasks, built once for its jobs; another plan reads the files again
     jobs, by_key, dense, scored, finished = [], {}, {}, set(), {}
-    for overrides in sweep_jobs(params, arguments):
+    for overrides in grid:
         deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)
         try:
             cfg = compose(overrides)
-            inputs = job_inputs(cfg, validate(cfg, deferred))
+            tasks = validate(cfg, deferred, overrides)
+            key_by_removed(cfg)
+            inputs = job_inputs(cfg, tasks)
             key = run_key(cfg, inputs)
         except Exception as err:  # any reason a job cannot run is the plan's to show
             message = " ".join(str(err).split())
@@ -239,46 +151,70 @@ def span(indices: list[int]) -> str:
     return f"#{indices[0]}" if len(indices) == 1 else f"{len(indices)} jobs #{indices[0]}-#{indices[-1]}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """prunebench-plan [OVERRIDES]: the same overrides as `prunebench -m`, e.g. experiment=mop_llama2."""
-    from hydra import compose, initialize_config_dir
-
-    from prunebench.paths import CONF_DIR
-
-    arguments = sys.argv[1:] if argv is None else list(argv)
-    if {"-h", "--help"} & set(arguments):
-        print(main.__doc__ + "\n\nGroups (group=option)\n" + help_listing(arguments))
-        return 0
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        base = compose("config", overrides=fixed_overrides(arguments), return_hydra_config=True)
-        params = sweeper_params(base)
-        jobs = plan(arguments, params, job_composer("config"))
-    print(format_plan(jobs, " ".join(arguments)))
+def sweep_plan(config: DictConfig) -> int:
+    """A plan=true multirun (`prunebench-plan` is one): the sweep callback calls this before anything
+    launches. Prints the grid; exit status 1 when any job is invalid or the sweep does not expand."""
+    arguments = " ".join(config.hydra.overrides.task)
+    try:
+        jobs = planned(config)
+    except Exception as err:  # Hydra refuses the whole sweep so: a job that does not compose, a bad sweep
+        print(f"plan: {arguments}\nthe sweep does not expand: {type(err).__name__}: {' '.join(str(err).split())}")
+        return 1
+    print(format_plan(jobs, arguments))
     return 1 if any(j.status == "invalid" for j in jobs) else 0
 
 
-def help_listing(arguments: list[str]) -> str:
-    """The groups' options, those on a `hydra.searchpath=[...]` among `arguments` too."""
-    from hydra import initialize_config_dir
+def planned(config: DictConfig) -> list[PlannedJob]:
+    """The plan of a multirun's config (with its `hydra` node), inside Hydra's initialization. The
+    config's own sweeper expands the grid, as `prunebench -m` would (a preset's axes, `glob()`,
+    `range()`, interpolations), onto a launcher that runs nothing (hydra_plugins' PlanLauncher), in a
+    scratch sweep folder. Its check that every job composes, and the plan's compose of each job, go
+    through one `Composer`: the defaults tree once per set of group choices, not once per job."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
 
-    from prunebench.groups import listing
-    from prunebench.paths import CONF_DIR
+    from prunebench.composer import Composer
 
-    searchpath = [o.value() for o in OverridesParser.create().parse_overrides(
-        [a for a in arguments if a.startswith("hydra.searchpath=")])]
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return listing(tuple(searchpath[-1]) if searchpath else ())
-
-
-def sweep_plan(config) -> int:
-    """A plan=true multirun (the sweep callback calls this before anything launches): prints the
-    grid; exit status 1 when any job is invalid."""
-    arguments = list(config.hydra.overrides.task)
-    params = sweeper_params(config)
-    jobs = plan(arguments, params, job_composer(config.hydra.job.config_name))
-    print(format_plan(jobs, " ".join(arguments)))
-    return 1 if any(j.status == "invalid" for j in jobs) else 0
+    composer = Composer(config.hydra.job.config_name, config.hydra.overrides.hydra)
+    planning = copy.deepcopy(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        with open_dict(planning):
+            planning.hydra.launcher = {"_target_": "hydra_plugins.prunebench_launcher.plan_launcher.PlanLauncher"}
+            planning.hydra.sweep.dir = scratch  # the sweeper writes its multirun.yaml there
+        loader = ComposingLoader(GlobalHydra.instance().config_loader(), composer)
+        sweeper = Plugins.instance().instantiate_sweeper(config=planning, task_function=lambda cfg: None,
+                                                         hydra_context=HydraContext(config_loader=loader, callbacks=None))
+        grid = [[o for o in job.overrides if not o.startswith("plan=")]
+                for batch in sweeper.sweep(arguments=list(config.hydra.overrides.task)) for job in batch]
+    return plan(grid, composer)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+class ComposingLoader(ConfigLoader):
+    """Hydra's config loader, whose compose of a sweep's job (the sweeper's check that each job
+    composes) is the plan's `Composer`; the rest (the sweep parser's `glob()` reads the groups'
+    options here) is Hydra's own."""
+
+    def __init__(self, loader: ConfigLoader, composer) -> None:
+        self.loader, self.composer = loader, composer
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        return self.composer(list(sweep_overrides))
+
+    def load_configuration(self, *args, **kwargs):
+        return self.loader.load_configuration(*args, **kwargs)
+
+    def get_search_path(self):
+        return self.loader.get_search_path()
+
+    def get_sources(self):
+        return self.loader.get_sources()
+
+    def list_groups(self, parent_name: str):
+        return self.loader.list_groups(parent_name)
+
+    def get_group_options(self, *args, **kwargs):
+        return self.loader.get_group_options(*args, **kwargs)
+
+    def compute_defaults_list(self, *args, **kwargs):
+        return self.loader.compute_defaults_list(*args, **kwargs)

@@ -4,10 +4,11 @@ model its run evaluated."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.calibration import calibration_config
 from prunebench.models.cache import get_model
@@ -15,6 +16,8 @@ from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.base import Pruner
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.tracking.run_key import identity
+
+log = logging.getLogger(__name__)
 
 
 def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
@@ -55,3 +58,22 @@ def prune(cfg: DictConfig, dense: bool, exporting: bool = False
     stats["time/apply_s"] = time.perf_counter() - start
     stats.setdefault("sparsity/actual", 0.0)
     return loaded, pruner, stats, before
+
+
+def key_by_removed(cfg: DictConfig) -> None:
+    """Where the pruner's unit is coarse (whole experts), two asked sparsities can remove the same
+    thing: the job is recorded at what it removes, so its run key, and the sweep's cell, are that
+    model's, and a second ratio that removes it again is found FINISHED rather than run twice. Called
+    on a validated config, before its run key is taken."""
+    from prunebench.models.checks import stated_config
+    from prunebench.tracking.run_key import is_dense
+
+    if is_dense(cfg):
+        return
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    keyed = pruner.keyed_sparsity(stated_config(cfg.model, []), float(cfg.sparsity))
+    if abs(keyed - float(cfg.sparsity)) > 1e-12:
+        log.warning("sparsity=%s removes what sparsity=%g removes on model=%s (%s); recorded and keyed as "
+                    "sparsity=%g", cfg.sparsity, keyed, cfg.model.name, pruner.name, keyed)
+        with open_dict(cfg):
+            cfg.sparsity = keyed

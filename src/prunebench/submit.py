@@ -24,6 +24,7 @@ def cells_left(job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
                compose: Callable[[list[str]], DictConfig]) -> dict[int, list[str]]:
     """{Hydra job number: overrides} of the cells to submit. A cell that does not compose or
     validate is submitted: its job records it FAILED with the reason, as every job does."""
+    from prunebench.pruning import key_by_removed
     from prunebench.validate import validate
 
     parent = os.environ.get(PARENT_ENV)
@@ -33,7 +34,9 @@ def cells_left(job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
             cfg = compose(list(overrides))
             with read_write(cfg), open_dict(cfg):  # the job's config, as Hydra's run_job hands it over
                 del cfg["hydra"]
-            key = run_key(cfg, job_inputs(cfg, validate(cfg)))
+            tasks = validate(cfg, overrides=list(overrides))
+            key_by_removed(cfg)
+            key = run_key(cfg, job_inputs(cfg, tasks))
         except Exception as err:
             log.warning("submitting #%d without looking for its runs: %s: %s", num, type(err).__name__, err)
             left[num] = list(overrides)

@@ -22,6 +22,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from prunebench.api.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 # lm-eval's default fewshot_delimiter: what separates the system instruction from a task's description
@@ -200,7 +202,7 @@ def check_tasks(cfg, tasks: dict) -> None:
     unsupported = [name for name, task in tasks.items()
                    if getattr(task, "kind", None) != LOGLIKELIHOOD_ROLLING and not supports(task)]
     if unsupported:
-        raise ValueError(f"eval.chat_template / fewshot_as_multiturn / system_instruction: task(s) {unsupported} "
+        raise ConfigError(f"eval.chat_template / fewshot_as_multiturn / system_instruction: task(s) {unsupported} "
                          f"have no chat rendering (only the lm-eval bridge, multiple-choice and text generation "
                          f"tasks do); evaluate them without these options")
 

@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
                              "from_pretrained loads (export_padded=true); default: each at its own widths")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
-    from prunebench.export.logged_model import export_folder, export_model
+    from prunebench.export.logged_model import EXPORT_TAG, export_folder, export_model
     from prunebench.pruning import prune
     from prunebench.models.introspection import count_parameters
     from prunebench.tracking.run_key import is_dense, recovering
-    from prunebench.validate import check_export
+    from prunebench.export.options import ExportOptions
 
     mlflow.set_tracking_uri(tracking_uri(args.tracking_uri))
     client = MlflowClient()
@@ -56,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{mlflow.get_tracking_uri()}: {err}", file=sys.stderr)
         return 2
     if recovering(cfg) and not is_dense(cfg):
-        print(f"prunebench-export: run {args.run_id} recovered its model by fine-tuning (recovery="
-              f"{cfg.recovery.name}), which a rebuild from scores does not repeat; rerun the job with export=true",
-              file=sys.stderr)
+        exported = run.data.tags.get(EXPORT_TAG)
+        ran = (f"its recovered model (merged and masked, as evaluated) was exported when it ran: {exported}" if exported
+               else "it was run without export=true; rerun the job with export=true (and tracking.skip_existing=false)")
+        print(f"prunebench-export: run {args.run_id} recovered its model by fine-tuning (recovery={cfg.recovery.name}), "
+              f"which a rebuild from the score cache does not repeat; {ran}", file=sys.stderr)
         return 2
     with open_dict(cfg):
         cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
-        check_export(cfg, get_class(cfg.pruner._target_))
+        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
         if args.dir:
             export_folder(args.dir, args.run_id)  # before the model is rebuilt
     except (ConfigError, ValueError) as err:

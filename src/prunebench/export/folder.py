@@ -198,7 +198,8 @@ def stated_biases(model: nn.Module, state: dict[str, torch.Tensor], config) -> t
             continue
         if not hasattr(text, field):
             raise ValueError(f"the pruned {type(model).__name__} has biases on its "
-                             f"{names[id(modules[0][-1])].rsplit('.', 1)[-1]} projections, which its config ({text.model_type}) cannot state: it has no "
+                             f"{names[id(modules[0][-1])].rsplit('.', 1)[-1]} projections, which its config ({text.model_type}) "
+                             f"cannot state: it has no "
                              f"`{field}`; export writes such biases for Llama-style configs")
         setattr(text, field, True)
         for linear in (lin for group in modules for lin in group if lin.bias is None):

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.models.loaded import LoadedModel
-from prunebench.tracking.run_key import is_dense
+from prunebench.tracking.run_key import is_dense, recovering
 from prunebench.tracking.store import KEY_TAG
 
 log = logging.getLogger(__name__)
@@ -113,5 +113,6 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
             tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"]}
             where = "mlflow-model:" + log_folder(Path(tmp), run, tags)
     MlflowClient().set_tag(run_id, EXPORT_TAG, where)
-    log.info("exported the pruned model of run %s: %s", run_id, where)
+    log.info("exported the %s model of run %s: %s%s", "recovered" if recovering(cfg) and not is_dense(cfg) else "pruned",
+             run_id, where, f" (with the LoRA adapter as trained in {ADAPTER}/)" if adapter is not None else "")
     return where

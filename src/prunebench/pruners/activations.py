@@ -29,21 +29,81 @@ def square_sums(matrices: dict[str, Matrix]):
         yield sums
 
 
+# how ||X_j||^2 is accumulated over the calibration samples (pruner.norm_sum)
+NORM_SUMS = ("release", "float64")
+
+
+def check_norm_sum(norm_sum) -> str:
+    if norm_sum not in NORM_SUMS:
+        raise ValueError(f"pruner.norm_sum={norm_sum!r} is not one of {list(NORM_SUMS)} (release: the released "
+                         "code's float32 running mean; float64: a float64 sum divided by the sample count)")
+    return norm_sum
+
+
+class SquareMeans:
+    """Wanda's ||X_j||^2 of each matrix: the mean over samples of each sample's sum over tokens of
+    x_j^2, accumulated as `norm_sum` says.
+
+    `release`: the float32 running mean of the released code's WrappedGPT.add_batch (Wanda's, and
+    OWL's and DSnoT's copies), step for step: per sample, the mean so far scaled by n / (n + 1), then
+    torch.norm(x^T, p=2, dim=1) ** 2 / (n + 1) added, on the input transposed and cast to float32 as
+    it casts it. Scores one float32 ulp apart at a row's cut are ranked by those last bits, and
+    block-by-block pruning spreads a flipped pair to later blocks, so only this arithmetic gives the
+    release's masks. `float64`: a float64 sum divided by the sample count at the end (more exact; the
+    arithmetic of runs before the option existed). Each observed call counts as one sample: the
+    batches hold one window each, and an expert's mean is over the samples that reached it."""
+
+    def __init__(self, matrices: dict[str, Matrix], norm_sum: str):
+        self.norm_sum = check_norm_sum(norm_sum)
+        dtype = torch.float32 if norm_sum == "release" else torch.float64
+        self.totals = {name: torch.zeros(m.in_features, dtype=dtype,
+                                         device=m.weight.device if norm_sum == "release" else "cpu")
+                       for name, m in matrices.items()}
+        self.seen = dict.fromkeys(matrices, 0)
+
+    def observe(self, name: str, x: torch.Tensor) -> None:
+        if self.norm_sum == "float64":
+            self.totals[name] += x.double().pow(2).sum(0).cpu()
+            return
+        total, before = self.totals[name], self.seen[name]
+        total *= before / (before + 1)
+        self.seen[name] = before + 1
+        total += torch.norm(x.t().to(torch.float32), p=2, dim=1) ** 2 / self.seen[name]
+
+    def means(self, samples: int) -> dict[str, torch.Tensor]:
+        """`samples`: how many samples ran (float64 divides its sums by it; the running means are means already)."""
+        if self.norm_sum == "release":
+            return dict(self.totals)
+        return {name: total / samples for name, total in self.totals.items()}
+
+
+@torch.no_grad()
+def input_square_means(model, matrices: dict[str, Matrix], samples: list[dict], norm_sum: str
+                       ) -> dict[str, torch.Tensor]:
+    """SquareMeans of every matrix in one forward of the dense model over the samples."""
+    means = SquareMeans(matrices, norm_sum)
+    with input_hooks(matrices, means.observe):
+        for batch in samples:
+            observe(model, {**batch, "use_cache": False})
+    return means.means(len(samples))
+
+
+@torch.no_grad()
+def block_square_means(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple],
+                       norm_sum: str) -> dict[str, torch.Tensor]:
+    """SquareMeans of one block's matrices while it runs on every sample's hidden state."""
+    means = SquareMeans(matrices, norm_sum)
+    with input_hooks(matrices, means.observe):
+        replay(block, hiddens, calls)
+    return means.means(len(hiddens))
+
+
 @torch.no_grad()
 def input_square_sums(model, matrices: dict[str, Matrix], samples: list[dict]) -> dict[str, torch.Tensor]:
     """square_sums of every matrix in one forward of the dense model over the samples."""
     with square_sums(matrices) as sums:
         for batch in samples:
             observe(model, {**batch, "use_cache": False})
-    return sums
-
-
-@torch.no_grad()
-def block_square_sums(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple]
-                      ) -> dict[str, torch.Tensor]:
-    """square_sums of one block's matrices while it runs on every sample's hidden state."""
-    with square_sums(matrices) as sums:
-        replay(block, hiddens, calls)
     return sums
 
 

@@ -22,14 +22,6 @@ def config_value(config, key: str):
     return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
 
-def torch_seed(owner: str, seed) -> int:
-    """`seed` for torch's or numpy's generator, which take only an integer (Python's random takes a
-    string too, validate.warn_seed); ValueError naming `owner`, the option that seeds it."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{owner}: seed={seed!r} seeds torch's or numpy's generator, which takes an integer (seed=0)")
-    return seed
-
-
 class Pruner:
     """A scorer plus how its scores become a pruned model.
 
@@ -53,12 +45,30 @@ class Pruner:
     export_refusal: ClassVar[str] = ""
 
     def __init__(self, name: str, tower: str = "language"):
-        if tower not in TOWERS:
-            raise ValueError(f"pruner {name}: tower={tower!r}; valid: {list(TOWERS)}")
-        if tower not in self.towers:
-            raise ValueError(f"pruner {name}: tower={tower!r} is not supported; it prunes the "
-                             f"{' or '.join(sorted(self.towers))} tower (vision-tower pruning is head pruning: heads_*, hies)")
+        self.check_tower(name, tower)
         self.name, self.tower = name, tower
+
+    @classmethod
+    def check_tower(cls, name: str, tower: str) -> None:
+        """`tower` names a part of a vision-language model this pruner can act on."""
+        if tower not in TOWERS:
+            raise ValueError(f"pruner={name!r}: pruner.tower={tower!r}; valid: {list(TOWERS)}")
+        if tower not in cls.towers:
+            raise ValueError(f"pruner={name!r} cannot prune the {tower} tower; it prunes: {sorted(cls.towers)} "
+                             f"(vision-tower pruning is head pruning: pruner=heads_his|heads_entropy|heads_l2|"
+                             f"heads_random|hies)")
+
+    @classmethod
+    def check_target(cls, name: str, model_name: str, family: str, tower: str = "language") -> None:
+        """Whether this pruner can apply to a model of `family` (and its `tower`), read from the class
+        before anything is built or loaded; ValueError naming both."""
+        if family not in cls.families:
+            raise ValueError(f"pruner={name!r} cannot apply to model={model_name!r} (family {family!r}); it "
+                             f"supports: {sorted(cls.families)}")
+        if tower != "language" and family != "vlm":
+            raise ValueError(f"pruner.tower={tower!r} picks a part of a vision-language model, but model="
+                             f"{model_name!r} is family {family!r}; leave pruner.tower=language")
+        cls.check_tower(name, tower)
 
     def check(self, sparsity: float) -> None:
         """Raise ValueError if this pruner cannot produce `sparsity` (called before any model loads)."""

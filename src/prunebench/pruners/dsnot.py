@@ -21,7 +21,7 @@ import time
 import torch
 
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.activations import block_by_block, input_grams, replay
+from prunebench.pruners.activations import SquareMeans, block_by_block, check_norm_sum, input_grams, replay
 from prunebench.pruners.masks import lowest_per_row, n_of_m
 from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import calibration_batches
@@ -32,21 +32,26 @@ BASES = {"wanda": WandaPruner, "sparsegpt": SparseGPTPruner, "magnitude": Magnit
 
 
 @torch.no_grad()
-def input_moments(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple]
-                  ) -> dict[str, dict[str, torch.Tensor]]:
+def input_moments(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor], calls: list[tuple],
+                  norm_sum: str = "float64") -> dict[str, dict[str, torch.Tensor]]:
     """Per input feature of each matrix while `block` runs every sample (float64): `sum`, the token
     sum averaged over samples (the release's `sum_metric_row`); `var`, each sample's own variance
     averaged over tokens (its running `var`, which leaves out how the samples' means differ);
     `squares`, the sum of x^2 over a sample's tokens averaged over samples (Wanda's ||X_j||^2, the
-    release's `scaler_row`)."""
+    release's `scaler_row`, accumulated as `norm_sum` says: activations.SquareMeans; `release` is
+    its float32 running mean)."""
     acc = {name: {key: torch.zeros(m.in_features, dtype=torch.float64, device=m.weight.device)
                   for key in ("sum", "var", "squares")} for name, m in matrices.items()}
     counts = {name: [0, 0] for name in matrices}  # samples, tokens
+    running = SquareMeans(matrices, norm_sum) if check_norm_sum(norm_sum) == "release" else None
 
     def observe_input(name, x):
+        if running:
+            running.observe(name, x)
         x = x.double()
         acc[name]["sum"] += x.sum(0)
-        acc[name]["squares"] += x.pow(2).sum(0)
+        if not running:
+            acc[name]["squares"] += x.pow(2).sum(0)
         acc[name]["var"] += x.var(0, correction=0) * len(x)
         counts[name][0] += 1
         counts[name][1] += len(x)
@@ -57,6 +62,8 @@ def input_moments(block, matrices: dict[str, Matrix], hiddens: list[torch.Tensor
         acc[name]["sum"] /= max(samples, 1)
         acc[name]["squares"] /= max(samples, 1)
         acc[name]["var"] /= max(tokens, 1)
+        if running:
+            acc[name]["squares"] = running.totals[name]
     return acc
 
 
@@ -152,7 +159,8 @@ def repair_groups(repair: Repair, base_score: torch.Tensor, m: int, cycles: int,
 class DSnoTPruner(UnstructuredPruner):
     """DSnoT on top of `base` (wanda, sparsegpt or magnitude), whose score ranks each row's initial
     mask (exact count per row, or N:M), as the released code ranks every base. Options as in
-    conf/pruner/dsnot.yaml; `repair_modules` are the module kinds repaired (the release skips MLP)."""
+    conf/pruner/dsnot.yaml; `repair_modules` are the module kinds repaired (the release skips MLP);
+    `norm_sum` is how ||X_j||^2 is accumulated, for the wanda base's mask and the repair's ranking."""
 
     families = frozenset({"causal_lm"})
     needs_calibration = True
@@ -160,8 +168,10 @@ class DSnoTPruner(UnstructuredPruner):
 
     def __init__(self, name: str = "dsnot", base: str = "wanda", max_cycles: int = 50, update_threshold: float = 0.1,
                  pow_of_var_regrowing: float = 1.0, same_sign: bool = False,
-                 repair_modules: list[str] = ("attention",), damp: float = 0.01, sequential: bool = True, **options):
+                 repair_modules: list[str] = ("attention",), damp: float = 0.01, sequential: bool = True,
+                 norm_sum: str = "release", **options):
         super().__init__(name, scope="row", **options)
+        self.norm_sum = check_norm_sum(norm_sum)
         if not isinstance(sequential, bool):
             raise ValueError(f"pruner.sequential={sequential!r} must be true (the release: each block measured through "
                              "the pruned blocks) or false (every block on the dense model's activations)")
@@ -172,7 +182,8 @@ class DSnoTPruner(UnstructuredPruner):
         bad = [m for m in repair_modules if m not in MODULES]
         if bad:
             raise ValueError(f"pruner.repair_modules={list(repair_modules)} must be a subset of {list(MODULES)}")
-        self.base = BASES[base](**options, **({"damp": damp} if base == "sparsegpt" else {}))
+        extra = {"damp": damp} if base == "sparsegpt" else {"norm_sum": norm_sum} if base == "wanda" else {}
+        self.base = BASES[base](**options, **extra)
         self.max_cycles, self.update_threshold = max_cycles, update_threshold
         self.pow_of_var_regrowing, self.same_sign = pow_of_var_regrowing, same_sign
         self.repair_modules, self.sequential = set(repair_modules), sequential
@@ -187,7 +198,7 @@ class DSnoTPruner(UnstructuredPruner):
 
         def prune_block(index, block, hiddens, calls):
             if targets[index]:
-                moments = input_moments(block, targets[index], hiddens, calls)
+                moments = input_moments(block, targets[index], hiddens, calls, self.norm_sum)
                 grams = (input_grams(block, targets[index], hiddens, calls)
                          if isinstance(self.base, SparseGPTPruner) else None)
                 for name, matrix in targets[index].items():

@@ -16,7 +16,8 @@ import torch
 from prunebench.models.attention import Heads, attention_heads, eager_attention, head_gates, sync_config
 from prunebench.models.introspection import TOWERS
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.base import torch_seed, tower_hint
+from prunebench.api.seeds import torch_seed
+from prunebench.pruners.base import tower_hint
 from prunebench.pruners.structured import (StructuredPruner, calibration_batches, differentiable_only, model_loss,
                                           observe)
 

@@ -20,7 +20,7 @@ import torch
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.activations import input_square_sums
+from prunebench.pruners.activations import check_norm_sum, input_square_means
 from prunebench.pruners.base import Pruner, config_value
 from prunebench.pruners.matrices import Matrix, block_matrices
 from prunebench.pruners.structured import calibration_batches
@@ -31,7 +31,7 @@ from prunebench.pruners.unstructured import (MODULES, MagnitudePruner, SparseGPT
 BASES = {"wanda": (WandaPruner, "norms"), "sparsegpt": (SparseGPTPruner, "samples"),
          "magnitude": (MagnitudePruner, None)}
 # what OWL itself sets on the base
-OWNED = ("modules", "skip_layers", "tower", "pattern", "sequential")
+OWNED = ("modules", "skip_layers", "tower", "pattern", "sequential", "norm_sum")
 # the released code's floor for a block whose computed sparsity is not positive
 FLOOR = 0.01
 
@@ -41,14 +41,13 @@ def outlier_ratio(metric: torch.Tensor, m: float) -> float:
     return float((metric > metric.mean() * m).sum()) / metric.numel() * 100
 
 
-def block_outlier_ratios(blocks: list[dict[str, Matrix]], norms: dict[str, torch.Tensor], samples: int,
-                         m: float) -> dict[int, float]:
+def block_outlier_ratios(blocks: list[dict[str, Matrix]], norms: dict[str, torch.Tensor], m: float) -> dict[int, float]:
     """Each pruned block's outlier ratio, on float32 Wanda scores as the release forms them (its
-    fp16 weights times the root of a float32 mean square over samples)."""
+    fp16 weights times the root of a float32 mean square over samples); `norms`: the mean squares."""
     ratios = {}
     for index, block in enumerate(blocks):
         if block:
-            scores = [(mat.weight.detach().abs().float().cpu() * (norms[name] / samples).float().sqrt()[None, :])
+            scores = [(mat.weight.detach().abs().float().cpu() * norms[name].float().cpu().sqrt()[None, :])
                       .flatten() for name, mat in block.items()]
             ratios[index] = outlier_ratio(torch.cat(scores), m)
     return ratios
@@ -71,8 +70,10 @@ def layer_sparsities(ratios: list[float], sparsity: float, lamda: float) -> list
 
 class OWLPruner(Pruner):
     """A base pruner (`base`: wanda, sparsegpt or magnitude, built with `base_options`) applied at
-    OWL's per-block sparsities. `sequential` is the wanda base's (true: its norms through the blocks
-    already pruned, the release's pruning pass; false: the outlier pass's dense norms); sparsegpt
+    OWL's per-block sparsities. `norm_sum` is how ||X_j||^2 is accumulated (activations.SquareMeans),
+    in the outlier pass and the wanda base's norms alike. `sequential` is the wanda base's (true: its
+    norms through the blocks already pruned, the release's pruning pass; false: the outlier pass's
+    dense norms); sparsegpt
     always runs block by block and magnitude measures nothing, so both refuse false. Dense causal LMs
     and a VLM's language model: the release defines the outlier ratio for dense blocks, and an
     expert's norms would rest on its own token count."""
@@ -83,8 +84,9 @@ class OWLPruner(Pruner):
 
     def __init__(self, name: str = "owl", base: str = "wanda", m: float = 5.0, lamda: float = 0.08,
                  base_options: dict | None = None, modules: list[str] = MODULES, skip_layers: list[int] = (),
-                 tower: str = "language", sequential: bool = True):
+                 tower: str = "language", sequential: bool = True, norm_sum: str = "release"):
         super().__init__(name, tower)
+        self.norm_sum = check_norm_sum(norm_sum)
         if base not in BASES:
             raise ValueError(f"pruner.base={base!r} is not one of {list(BASES)}")
         if not m > 0:
@@ -99,7 +101,7 @@ class OWLPruner(Pruner):
         if owned:
             raise ValueError(f"pruner.base_options sets {owned}; set them on pruner (OWL passes them to its base)")
         if base == "wanda":
-            options["sequential"] = sequential
+            options.update(sequential=sequential, norm_sum=norm_sum)
         elif sequential is not True:
             raise ValueError(f"pruner.sequential={sequential!r} chooses where the wanda base measures its norms; "
                              f"base={base!r} {'measures no inputs' if base == 'magnitude' else 'always runs block by block'}"
@@ -124,10 +126,9 @@ class OWLPruner(Pruner):
 
     def score(self, loaded: LoadedModel, calib=None) -> dict:
         samples = calibration_batches(loaded, calib, 1)
-        norms = input_square_sums(loaded.model, self.base.targets(loaded.model), samples)
+        norms = input_square_means(loaded.model, self.base.targets(loaded.model), samples, self.norm_sum)
         blocks = self.base.targets_by_block(loaded.model)
-        return {"samples": samples, "norms": norms,
-                "outliers": block_outlier_ratios(blocks, norms, len(samples), self.m)}
+        return {"samples": samples, "norms": norms, "outliers": block_outlier_ratios(blocks, norms, self.m)}
 
     def block_sparsities(self, outliers: dict[int, float], n_blocks: int, sparsity: float) -> list[float]:
         """One sparsity per block, the skipped blocks' 0."""
@@ -139,8 +140,6 @@ class OWLPruner(Pruner):
         _, blocks = transformer_blocks(loaded.model)
         per_block = self.block_sparsities(scores["outliers"], len(blocks), sparsity)
         base_scores = scores[self.base_scores] if self.base_scores else None
-        if self.base_scores == "norms":  # Wanda's mean square inputs, as its own score gives them
-            base_scores = {name: total / len(scores["samples"]) for name, total in base_scores.items()}
         if self.base_scores == "samples":  # the score cache gives them back on the CPU
             base_scores = [{k: v.to(loaded.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
                            for batch in base_scores]

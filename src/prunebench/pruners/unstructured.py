@@ -14,8 +14,10 @@ import torch
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.activations import block_by_block, block_square_sums, input_grams, input_square_sums
-from prunebench.pruners.base import Pruner, config_value, torch_seed, tower_hint
+from prunebench.pruners.activations import (block_by_block, block_square_means, check_norm_sum, input_grams,
+                                            input_square_means)
+from prunebench.api.seeds import torch_seed
+from prunebench.pruners.base import Pruner, config_value, tower_hint
 from prunebench.pruners.masks import MASK_RULES, lowest, lowest_per_row, n_of_m, parse_pattern
 from prunebench.pruners.matrices import Matrix, block_matrices, eager_experts
 from prunebench.pruners.structured import calibration_batches
@@ -169,15 +171,19 @@ class WandaPruner(UnstructuredPruner):
     differ at 50%, 8.1% at 70%; perplexities in docs/unstructured.md).
 
     Either way ||X_j||^2 is, as the release's `scaler_row`, the mean over samples of each sample's
-    sum over tokens of x_j^2, and the score is formed in float32 as the release's (its model-dtype
-    weight times a float32 root). An expert's norms come from the tokens routed to it; an expert no
-    calibration token reached has no norms, and falls back to |W| (magnitude)."""
+    sum over tokens of x_j^2, accumulated as `norm_sum` says (activations.SquareMeans: `release`, the
+    release's float32 running mean, whose last bits decide ties at a row's cut; `float64`, a sum in
+    float64 divided at the end, what runs did before the option), and the score is formed in
+    float32 as the release's (its model-dtype weight times a float32 root). An expert's norms come from
+    the tokens routed to it; an expert no calibration token reached has no norms, and falls back to |W| (magnitude)."""
 
     families = frozenset({"causal_lm", "moe", "vlm"})
     needs_calibration = True
 
-    def __init__(self, name: str = "wanda", scope: str = "row", sequential: bool = True, **options):
+    def __init__(self, name: str = "wanda", scope: str = "row", sequential: bool = True, norm_sum: str = "release",
+                 **options):
         super().__init__(name, scope=scope, **options)
+        self.norm_sum = check_norm_sum(norm_sum)
         if not isinstance(sequential, bool):
             raise ValueError(f"pruner.sequential={sequential!r} must be true (the release's order, block by block "
                              "through the pruned blocks) or false (norms of the dense model, one scoring per sweep)")
@@ -193,8 +199,7 @@ class WandaPruner(UnstructuredPruner):
         if self.sequential:
             return samples
         with eager_experts(loaded.model):
-            sums = input_square_sums(loaded.model, self.targets(loaded.model), samples)
-        return {name: total / len(samples) for name, total in sums.items()}
+            return input_square_means(loaded.model, self.targets(loaded.model), samples, self.norm_sum)
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, scores, sparsity: float,
@@ -206,16 +211,16 @@ class WandaPruner(UnstructuredPruner):
 
         def prune_block(index, block, hiddens, calls):
             if targets[index]:
-                sums = block_square_sums(block, targets[index], hiddens, calls)
-                self.prune(targets[index], {name: total / len(hiddens) for name, total in sums.items()}, ratios[index])
+                means = block_square_means(block, targets[index], hiddens, calls, self.norm_sum)
+                self.prune(targets[index], means, ratios[index])
 
         with eager_experts(loaded.model):
             block_by_block(loaded.model, scores, prune_block)
         return sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
 
     def importance(self, targets, scores):
-        """`scores`: each matrix's mean square input per feature (float64; all zero for an expert
-        no token reached)."""
+        """`scores`: each matrix's mean square input per feature (float32 or float64 as `norm_sum`
+        accumulates it; all zero for an expert no token reached)."""
         out = {}
         for name, m in targets.items():
             norms = scores[name].float().sqrt() if scores[name].any() else torch.ones(m.in_features)

@@ -23,7 +23,7 @@ from prunebench.calibration import Calibration
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
 from prunebench.evaluation.encoding import window_prefix
-from prunebench.hub import deferring
+from prunebench.hub import HubUnreachable, deferring
 
 DATA = ("alpaca", "file", "wikitext2", "task")
 RECORD_KEYS = ("instruction", "output")
@@ -105,7 +105,14 @@ class RecoveryData:
         examples. Text is counted here at one byte a token at most (its tokens are not known before
         the tokenizer loads); `examples` counts them again once they are."""
         if self.kind == "alpaca":
-            Alpaca().check()
+            try:
+                Alpaca().check()
+            except HubUnreachable as err:  # the generic text names data_dir, which alpaca never reads
+                reason = str(err).partition(" was not reached by one request ")[2] or "no answer"
+                raise HubUnreachable(f"recovery.data=alpaca reads the hub dataset {ALPACA_HUB!r}, and the hub was not "
+                                     f"reached by one request {reason.split('; without network')[0]}; without network "
+                                     f"give its records as a file: recovery.data=file recovery.path=FILE (e.g. "
+                                     f"alpaca_data_cleaned.json: a JSON list of {{instruction, input, output}})") from None
             return
         if self.kind != "file":
             self.corpus().check()
@@ -165,6 +172,10 @@ class RecoveryData:
         from prunebench.evaluation.perplexity.windows import token_windows
 
         options, corpus = self.options, self.corpus()
+        if options["n_samples"] and options.get("windows") == "disjoint":
+            windows = disjoint_windows(corpus.documents(), tokenizer, options["n_samples"], options["seq_len"],
+                                       options["seed"])
+            return [{"input_ids": w, "labels": w} for w in windows]
         if options["n_samples"]:
             windows = Calibration(corpus, f"recovery {self.kind}", options["n_samples"], options["seq_len"],
                                   options["seed"]).samples(tokenizer)
@@ -184,6 +195,30 @@ class RecoveryData:
         order = list(range(len(examples)))
         random.Random(self.options["seed"]).shuffle(order)
         return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
+
+
+def disjoint_windows(documents: list[str], tokenizer, count: int, seq_len: int, seed: int) -> list[list[int]]:
+    """Windows as SliceGPT's `prepare_dataloader` cuts them: from a line drawn at random among those
+    not used yet, that line and the ones after it joined by a blank line until `seq_len` tokens
+    (BOS first, as evaluation's windows start); the lines read are used up whether or not they made a
+    window (a run that reaches the text's end short of `seq_len` makes none). Until `count` windows, or
+    until no line is left: WikiText-2's train split gives about 1.2k windows of 2048 Llama tokens."""
+    import torch
+
+    prefix = window_prefix(tokenizer)
+    lines = [line for document in documents for line in document.splitlines(keepends=True) if line]
+    generator = torch.Generator().manual_seed(seed)
+    free, windows = list(range(len(lines))), []
+    while len(windows) < count and free:
+        start = int(torch.randint(0, len(free), (1,), generator=generator))
+        ids, end = list(prefix), start
+        while len(ids) < seq_len and end < len(free):
+            ids += tokenizer.encode(("\n\n" if end > start else "") + lines[free[end]], add_special_tokens=False)
+            end += 1
+        del free[start:end]
+        if len(ids) >= seq_len:
+            windows.append(ids[:seq_len])
+    return windows
 
 
 def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> RecoveryData:

@@ -1,10 +1,12 @@
 """`prunebench-compare A B`: B against A, document by document, with a verdict per task a CI job can
 gate on. A task is compared only where both runs read the same data (the digests of its dataset
-inputs, or the hub for both), its documents paired by id; another limit pairs the shared ones, said. A and B are each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
+inputs, or the hub for both), its documents paired by id; another limit pairs the shared ones, said. A and B are
+each a run id, a sweep's parent run id (its jobs) or `latest` (the newest sweep).
 Two runs: every task both evaluated. Two sweeps: runs paired by model, pruner, its config, ratio,
 task, seed and recovery; a sweep whose pruned runs were all recovered by one recipe pairs with one
 whose pruned runs were all unrecovered (or recovered by another), w/ tune against w/o tune, the
-recovery's own seed aside; the output says which side was recovered. Exit code: 0 every comparison kept, 1 any lost, 2 inconclusive only; 3 a run or
+recovery's own seed aside; the output says which side was recovered. Exit code: 0 every comparison kept, 1 any
+lost, 2 inconclusive only; 3 a run or
 sweep that does not exist or nothing to compare (nothing printed but the error); 64 a usage error."""
 
 from __future__ import annotations

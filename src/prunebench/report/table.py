@@ -10,7 +10,7 @@ import pandas as pd
 
 from prunebench.api.metrics import readable
 from prunebench.report.settings import settings
-from prunebench.tracking.run_key import MODEL_RUNTIME_KEYS, RUNTIME_KEYS
+from prunebench.tracking.run_key import RUNTIME_PATHS
 from prunebench.tracking.store import KEY_TAG, WITHHELD_TAG
 from prunebench.tracking.sweep import cell_run_ids
 
@@ -30,8 +30,9 @@ RECOVERY_TAG = "tags.prunebench.recovery"
 CSV_FLOATS = "%.12g"
 # columns of the CSV that the Markdown leaves to the heading or the plots
 DETAIL_SUFFIXES = ("_stderr", "/n_docs", "_ci_low", "_ci_high")
-# recovery params that change none of its numbers (as in the run key: tracking/run_key.py)
-RECOVERY_RUNTIME = ("recovery.seed", "recovery.checkpoint_every")
+# recovery params a recipe's label leaves out: its seed (calibration's spread is shown apart) and those
+# that change none of its numbers (the run key's contract)
+RECOVERY_RUNTIME = ("recovery.seed", *(p for p in RUNTIME_PATHS if p.startswith("recovery.")))
 # what the recovery column and label account for: its params and its data file
 RECOVERY_PREFIXES = ("recovery.", "recovery_data")
 UNRECOVERED = "{}"
@@ -166,7 +167,7 @@ def differences(runs: pd.DataFrame, shown: int = 40, ignore: tuple[str, ...] = (
     template, a pruner's parameter), in the words of the override that sets it; empty strings when
     no two runs share them. `ignore`: prefixes of params a caller accounts for otherwise (the seeds it
     averages, the pruner's config it labels rows with)."""
-    runtime = tuple(f"params.{key}" for key in RUNTIME_KEYS) + tuple(f"params.model.{key}" for key in MODEL_RUNTIME_KEYS)
+    runtime = tuple(f"params.{path}" for path in RUNTIME_PATHS if "*" not in path)
     data = [tag for tag in DATA_TAGS if tag in runs.columns]
     if not data and INPUTS_TAG in runs.columns and RECOVERY_TAG not in runs.columns:
         data = [INPUTS_TAG]

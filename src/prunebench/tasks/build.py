@@ -7,6 +7,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
+from prunebench.api.requests import IMAGE_FAMILIES, KIND_FAMILIES
 from prunebench.api.task_keys import lm_eval_entries
 
 # The protocol a task definition under task.tasks follows: lm-evaluation-harness's prompts and scoring.
@@ -97,3 +98,42 @@ def build_tasks(cfg: DictConfig) -> dict:
                               f"under the name, so keep them equal")
         tasks[name] = task
     return tasks
+
+
+def built(tasks: dict) -> dict:
+    """The tasks that were built: a plan leaves a task whose data only the hub has unbuilt (hub.py)."""
+    return {name: task for name, task in tasks.items() if not getattr(task, "deferred", False)}
+
+
+def task_families(task) -> frozenset[str] | None:
+    """The model families that can answer a task: its own `families`, else its request kind's; a
+    task whose requests carry images needs a vision-language model. None: no constraint known."""
+    if reads_images(task):
+        return IMAGE_FAMILIES
+    return getattr(task, "families", None) or KIND_FAMILIES.get(task.kind)
+
+
+def reads_images(task) -> bool:
+    return any(getattr(member, "doc_to_image", None) for member in getattr(task, "members", [task]))
+
+
+def check_tasks(tasks: dict, model_cfg: DictConfig) -> None:
+    """Each built task can evaluate the model's family, and each judge of a judged task answers one
+    cheap request (`reach`), so a judge server that is down fails here rather than after the model
+    has loaded and answered every question."""
+    asked = set()
+    for name, task in built(tasks).items():
+        families = task_families(task)
+        if families and model_cfg.family not in families:
+            kind = f"{task.kind} requests" + (" with images" if reads_images(task) else "")
+            raise ConfigError(f"task {name} ({kind}) cannot evaluate model={model_cfg.name!r} "
+                              f"(family {model_cfg.family!r}); it evaluates: {sorted(families)}")
+        for member in getattr(task, "members", [task]):
+            judge = getattr(member, "judge", None)
+            if judge is None or not hasattr(judge, "reach") or repr(judge) in asked:
+                continue
+            asked.add(repr(judge))
+            try:
+                judge.reach()
+            except ValueError as err:
+                raise ConfigError(f"task {member.name}'s judge ({judge.model}): {err}") from None

@@ -159,7 +159,8 @@ class LmEvalTask:
                              f"list them as tasks of their own: {sorted(self.leaves)}")
         kinds = {leaf: KINDS.get(t.get_config("output_type")) for leaf, t in self.leaves.items()}
         if None in kinds.values() or len(set(kinds.values())) > 1:
-            raise ValueError(f"lm-eval {self.lm_eval_name}: its tasks' output types {sorted({t.get_config('output_type') for t in self.leaves.values()})} "
+            kinds = sorted({t.get_config('output_type') for t in self.leaves.values()})
+            raise ValueError(f"lm-eval {self.lm_eval_name}: its tasks' output types {kinds} "
                              f"are not one request kind prunebench answers ({sorted(KINDS)}); list its tasks separately")
         self.kind = next(iter(kinds.values()))
         for leaf, task in self.leaves.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prunebench.tasks.sources import read_records, read_utf8
 
-_BOOLS = {"true": 1, "false": 0, True: 1, False: 0, 1: 1, 0: 0}
+_BOOLS = {"true": 1, "false": 0, True: 1, False: 0}  # 1 and 0 are the keys True and False
 
 
 def superglue_boolq(path: Path) -> list[dict]:

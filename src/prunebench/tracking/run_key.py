@@ -3,26 +3,65 @@
 from __future__ import annotations
 
 import copy
+import difflib
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from dataclasses import dataclass
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
+from prunebench.api.errors import ConfigError
 from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
 from prunebench.cache import content_key
 
-# Fields that change where or how fast a job runs, never its numbers.
-# `vision_data` holds a vision preset's data paths, which reach the numbers' fields by interpolation.
-# `judge` reaches the numbers only through the judged tasks' own `judge` field (by interpolation).
-# `export`, `export_dir`, `export_padded`: a copy of the pruned model written after the numbers are made.
-RUNTIME_KEYS = ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data", "judge", "export", "export_dir", "export_padded")
-# model-config keys that never change a job's numbers
-MODEL_RUNTIME_KEYS = ("device", "device_map", *PLANNING_KEYS)
-# judge-config keys that say how to reach the judge, not which model grades
-JUDGE_RUNTIME_KEYS = ("url", "api_key_env", "max_retries", "timeout_s", "device", "name")
-# the judge's protocol at what judges did before these keys existed: runs stored then still match
-JUDGE_DEFAULTS = {"repeats": 1, "max_failure_rate": 0.05}
+IDENTITY, RUNTIME = "identity", "runtime"
+ABSENT = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config field's part in a run's identity. `role`: IDENTITY (it can change the numbers) or
+    RUNTIME (where or how fast a job runs, never its numbers: left out). `since`: for an identity
+    field added after runs were stored, what those runs computed; at that value it is left out, so
+    they keep their keys. A `*` in `path` stands for any key (each task of a suite)."""
+
+    path: str
+    role: str = IDENTITY
+    since: object = ABSENT
+
+
+# The run key's contract: every root key is declared here (`undeclared` refuses one that is not), and
+# each field that is not the whole of an identity root key's value. The report reads the runtime
+# fields from here too (report/table.py). Adding a field: declare it, with `since` if runs stored
+# before it should keep their keys; tests/golden/run_keys.json pins the keys that must not move.
+CONTRACT = (
+    # what the job evaluates and how: the numbers
+    *(Field(key) for key in ("model", "pruner", "sparsity", "sparsity_type", "task", "calib", "eval", "limit",
+                             "seed", "data_dir", "bench", "recovery", "finetuned", "mop_run", "experiment")),
+    # where it runs and is recorded, how it is shown; `vision_data` and `judge` reach the numbers only by
+    # interpolation into task fields, which are keyed; `export*`: a copy written after the numbers are made
+    *(Field(key, RUNTIME) for key in ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data",
+                                      "judge", "export", "export_dir", "export_padded")),
+    Field("model.device", RUNTIME), Field("model.device_map", RUNTIME),
+    *(Field(f"model.{key}", RUNTIME) for key in PLANNING_KEYS),
+    Field("eval.batch_tokens", RUNTIME),
+    Field("recovery.checkpoint_every", RUNTIME),
+    # how to reach a task's judge, not which model grades
+    *(Field(f"task.tasks.*.judge.{key}", RUNTIME)
+      for key in ("url", "api_key_env", "max_retries", "timeout_s", "device", "name")),
+    # added after runs were stored, at what those runs did
+    Field("pruner.tower", since="language"),
+    Field("pruner.norm_sum", since="float64"),
+    Field("recovery.loss_scaling", since="micro_batches"),
+    Field("recovery.windows", since="random"),
+    Field("recovery.schedule_steps", since=None),
+    Field("task.tasks.*.judge.repeats", since=1),
+    Field("task.tasks.*.judge.max_failure_rate", since=0.05),
+)
+RUNTIME_PATHS = tuple(f.path for f in CONTRACT if f.role == RUNTIME)
+ROOT_KEYS = frozenset(f.path for f in CONTRACT if "." not in f.path)
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
 
 
@@ -70,18 +109,36 @@ def seed_set(cfg: DictConfig, value: str) -> Iterator[DictConfig]:
             cfg.seed = seed
 
 
+def undeclared(cfg: DictConfig) -> list[str]:
+    """Root keys the contract does not declare (a lab's config may add one): they are keyed, as
+    anything that may change the numbers is. tests/tracking/test_run_key.py holds every root key of
+    prunebench's own configs declared."""
+    return sorted(str(key) for key in cfg if key not in ROOT_KEYS)
+
+
+def check_added_keys(cfg: DictConfig, overrides: list[str]) -> None:
+    """`+key=value` adds a root key no config defines (Hydra's own suggestion after a typo,
+    `+sparsty=0.3`), which nothing reads: the job would run at the default. A config group added so
+    (`+lab_group=option`), or a root key a lab's config defines, is not refused."""
+    for line in overrides:
+        key = line.split("=", 1)[0].removeprefix("+")
+        if line.startswith("+") and not line.startswith("++") and key not in ROOT_KEYS and key in cfg \
+                and not isinstance(cfg.get(key), DictConfig):
+            close = difflib.get_close_matches(key, sorted(ROOT_KEYS), n=3)
+            raise ConfigError(f"{line}: the config defines no root key {key!r}, so nothing would read it"
+                              + (f"; did you mean {' or '.join(map(repr, close))} (set it without +)?" if close else ""))
+
+
 def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
-    """The resolved config without what never changes a job's numbers."""
+    """The resolved config without what never changes a job's numbers (`CONTRACT`)."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in RUNTIME_KEYS:
-        data.pop(key, None)
     if "dtype" in data.get("model", {}):
         data["model"]["dtype"] = run_dtype(cfg.model)
-    for key in MODEL_RUNTIME_KEYS:
-        data.get("model", {}).pop(key, None)
+    for field in CONTRACT:
+        if field.role == RUNTIME or field.since is not ABSENT:
+            drop(data, field.path.split("."), field)
     evaluation = data.get("eval", {})
-    evaluation.pop("batch_tokens", None)
-    # the fast scorer is what ran before eval.numerics existed: runs stored then still match
+    # the fast scorer is what ran before eval.numerics existed, and its batch size is lm-eval's alone
     if evaluation.get("numerics") == "fast":
         evaluation.pop("numerics")
         evaluation.pop("lm_eval_batch_size", None)
@@ -94,22 +151,10 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     offered = task.pop("protocols", None) or {}
     if task.get("protocol") in offered:
         task["protocols"] = {task["protocol"]: offered[task["protocol"]]}
-    # pruner.tower=language is what every pruner did before the key existed: runs stored then still match
-    if data.get("pruner", {}).get("tower") == "language":
-        data["pruner"].pop("tower")
-    for definition in (task.get("tasks") or {}).values():
-        judge = definition.get("judge") or {}
-        for key in JUDGE_RUNTIME_KEYS:
-            judge.pop(key, None)
-        for key, default in JUDGE_DEFAULTS.items():
-            if judge.get(key) == default:
-                judge.pop(key)
     # no recovery is what every run did before the group existed, and a dense model is not recovered
     # (the papers' baseline): runs stored then, and dense baselines, keep their keys
     if not recovering(cfg) or is_dense(cfg):
         data.pop("recovery", None)
-    else:  # how often a recovery is checkpointed changes none of its numbers
-        data["recovery"].pop("checkpoint_every", None)
     if is_dense(cfg):
         data["pruner"] = dict(DENSE_PRUNER)
         data["sparsity"] = 0.0
@@ -120,6 +165,19 @@ def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     if read:  # a job reading only hub datasets keeps the key it had before inputs were keyed
         data["inputs"] = read
     return data
+
+
+def drop(node, path: list[str], field: Field) -> None:
+    """Leaves `field` out of the resolved config `node` at `path`: a runtime field always, an identity
+    field at its `since` value."""
+    if not isinstance(node, dict):
+        return
+    head, rest = path[0], path[1:]
+    for key in (list(node) if head == "*" else [head] if head in node else []):
+        if rest:
+            drop(node[key], rest, field)
+        elif field.role == RUNTIME or node[key] == field.since:
+            node.pop(key)
 
 
 def run_key(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> str:

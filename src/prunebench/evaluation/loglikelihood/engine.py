@@ -57,7 +57,8 @@ class EncodedDoc:
 class LoglikelihoodDataModule(L.LightningDataModule):
     """A batch holds whole documents, scored together in one step; the costliest batch first so it
     shows the peak memory (as lm-eval's Collator orders), neighbours of similar length so they pad
-    little, and documents that begin alike (few-shot examples) together so their stem runs once. `batch_tokens` caps a batch's padded positions: the batch size follows from it.
+    little, and documents that begin alike (few-shot examples) together so their stem runs once.
+    `batch_tokens` caps a batch's padded positions: the batch size follows from it.
     `whole_task`: one batch of every document, for eval.numerics=lm_eval, whose rows are batched
     across the whole task as lm-eval's are."""
 

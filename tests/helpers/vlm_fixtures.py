@@ -33,7 +33,8 @@ def write_vlm_data(root: Path) -> tuple[Path, Path]:
     (root / "scienceqa").mkdir(parents=True)
     (root / "scienceqa" / "llava_test_CQM-A.json").write_text(json.dumps(science))
     images += [d["image"] for d in science]
-    post = "\nWhen the provided information is insufficient, respond with 'Unanswerable'.\nAnswer the question using a single word or phrase."
+    post = ("\nWhen the provided information is insufficient, respond with 'Unanswerable'.\n"
+            "Answer the question using a single word or phrase.")
     _jsonl(root / "vizwiz" / "llava_test.jsonl", [{"question_id": i, "image": f"VizWiz_test_{i:08d}.jpg",
                                                    "text": f"What is object {i}?" + post, "category": "default"} for i in range(6)])
     images += [f"VizWiz_test_{i:08d}.jpg" for i in range(6)]

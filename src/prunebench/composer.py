@@ -1,0 +1,93 @@
+"""Hydra's compose of many jobs that differ mostly in values, through Hydra's public API only.
+
+A grid's jobs share their config-group choices and differ in values (sparsity, seed, limit), and
+building the defaults tree is the costly part of a compose. As lightning-hydra-template's tests do,
+the tree is composed once per set of choices with `hydra.compose`, and each job gets a copy with its
+values set by `OmegaConf.update`, the call Hydra itself makes for a `key=value` override. A value's
+text is read by Hydra's own grammar: the `+key=value` lines of a job are composed onto no primary
+config (`compose(None, ...)`), once per distinct line. Anything else (`+`, `++`, `~`, a `key@package`,
+a dict value, a key that is not in the config) is composed in full, so Hydra itself answers or
+refuses it. `tests/test_composer.py` holds the result equal to Hydra's full compose."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterable
+
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+class Composer:
+    """`composer(overrides)` is `hydra.compose(config_name, hydra_overrides + overrides)`; call it
+    where Hydra is initialized (`initialize_config_dir`, or inside a running Hydra app).
+    `hydra_overrides`: what the command line set of Hydra itself (`hydra.searchpath=[...]`, a
+    launcher), which can change where every config comes from."""
+
+    def __init__(self, config_name: str = "config", hydra_overrides: Iterable[str] = ()) -> None:
+        self.config_name = config_name
+        self.hydra_overrides = tuple(hydra_overrides)
+        self.trees = functools.lru_cache(maxsize=256)(self._tree)
+        self.values: dict[str, object] = {}
+
+    def __call__(self, overrides: Iterable[str]) -> DictConfig:
+        overrides = list(overrides)
+        if any(line.startswith(("+", "~")) or "@" in line.split("=", 1)[0] for line in overrides):
+            return self.full(overrides)
+        choices, groups = (), self.groups(())
+        while True:  # an option may bring groups of its own (a lab's pruner with a schedule group)
+            chosen = tuple(o for o in overrides if o.split("=", 1)[0] in groups or o.startswith("hydra."))
+            if chosen == choices and choices:
+                break
+            choices = chosen
+            tree, found = self.trees(choices)
+            if found == groups:
+                break
+            groups = found
+        values = self.parsed([o for o in overrides if o not in choices])
+        missing = object()
+        if values is None or any(OmegaConf.select(tree, key, default=missing, throw_on_resolution_failure=False)
+                                 is missing for key, _ in values):
+            return self.full(overrides)
+        cfg = copy.deepcopy(tree)
+        for key, value in values:
+            OmegaConf.update(cfg, key, value, merge=True)
+        return cfg
+
+    def full(self, overrides: list[str]) -> DictConfig:
+        return compose(self.config_name, overrides=[*self.hydra_overrides, *overrides])
+
+    def groups(self, choices: tuple[str, ...]) -> frozenset[str]:
+        return self.trees(choices)[1]
+
+    def _tree(self, choices: tuple[str, ...]) -> tuple[DictConfig, frozenset[str]]:
+        """The job config of these choices, and the config groups of its defaults tree (Hydra's
+        `runtime.choices`): a `group=option` override chooses, any other key sets a value."""
+        tree = compose(self.config_name, overrides=[*self.hydra_overrides, *choices], return_hydra_config=True)
+        groups = frozenset(tree.hydra.runtime.choices.keys())
+        with open_dict(tree):
+            del tree["hydra"]  # as compose leaves a job's config
+        return tree, groups
+
+    def parsed(self, lines: list[str]) -> list[tuple[str, object]] | None:
+        """Each `key=value` line's key and value as Hydra's grammar reads it (None: a dict value,
+        which Hydra merges into a group's node: the full compose decides)."""
+        new = list(dict.fromkeys(line for line in lines if line not in self.values))
+        while new:  # a key set twice (the later wins, as in Hydra) is read in a compose of its own
+            keys, batch = set(), []
+            for line in new:
+                if line.split("=", 1)[0] not in keys:
+                    keys.add(line.split("=", 1)[0])
+                    batch.append(line)
+            read = compose(None, overrides=[f"+{line}" for line in batch])
+            for line in batch:
+                self.values[line] = OmegaConf.select(read, line.split("=", 1)[0])
+            new = [line for line in new if line not in batch]
+        found = []
+        for line in lines:
+            value = self.values[line]
+            if isinstance(value, DictConfig):
+                return None
+            found.append((line.split("=", 1)[0], copy.deepcopy(value)))
+        return found
