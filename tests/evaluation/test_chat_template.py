@@ -372,3 +372,17 @@ def test_compare_warns_when_a_templated_run_meets_a_raw_one_and_pairs_a_mixed_sw
     assert compare_main([*sweeps, "--max-drop", "100"]) == 0  # each run against its own format's
     out = capsys.readouterr()
     assert "warning" not in out.err and "| none |" in out.out and "| template |" in out.out
+
+
+def test_a_named_template_renders_that_template(templated):
+    import copy
+
+    tokenizer = copy.deepcopy(templated.tokenizer)
+    tokenizer.chat_template = {"default": TEMPLATE, "terse": "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"}
+    messages = [{"role": "user", "content": "hi"}]
+    assert chat.Renderer(tokenizer, "terse", "t")(messages) == "[hi]"
+    assert chat.Renderer(tokenizer, True, "t")(messages) == chat.Renderer(tokenizer, "default", "t")(messages) == \
+        "<s><|user|>\nhi</s>\n<|assistant|>\n"
+    assert chat.Renderer(templated.tokenizer, "default", "t")(messages) == "<s><|user|>\nhi</s>\n<|assistant|>\n"
+    with pytest.raises(ValueError, match=r"model='t' has no chat template of that name; its templates: \['default', 'terse'\]"):
+        chat.Renderer(tokenizer, "chatty", "t")

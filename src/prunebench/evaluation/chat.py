@@ -159,9 +159,10 @@ class Renderer:
 
     def __init__(self, tokenizer, template: bool | str, model: str):
         self.tokenizer, self.model = tokenizer, model
-        name = selected(named(getattr(tokenizer, "chat_template", None)), template, model)
+        templates = named(getattr(tokenizer, "chat_template", None))
+        name = selected(templates, template, model)
         # a name picks that template's text; True passes nothing, as HFLM does, and the tokenizer takes its own
-        self.kwargs = {} if name is None else {"chat_template": tokenizer.get_chat_template(name)}
+        self.kwargs = {} if name is None else {"chat_template": templates[name]}
         self.warned = False
 
     def __call__(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -21,8 +21,8 @@ from prunebench.report.table import SETTING, dense_first
 
 POOLED = "(one per task)"
 # what the runs pooled into one suite row must share besides the model: their task differs by design,
-# and so does the data file each task reads (report/settings.py)
-SHARED = ("limit", "dtype", "numerics", "protocol")
+# and so does the data file each task reads (report/settings.py); templated and raw runs never pool
+SHARED = ("limit", "dtype", "numerics", "protocol", "chat")
 
 
 def suite_members(conf_dir: str = CONF_DIR) -> dict[str, list[str]]:
