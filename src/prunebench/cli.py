@@ -116,11 +116,14 @@ def run_app(argv: list[str]) -> int:
     from hydra.core.global_hydra import GlobalHydra
 
     argv, sys.argv = list(sys.argv), argv
+    handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures the root logger
     try:
         app()
     except SystemExit as end:  # the plan's status, from the sweep callback
         return end.code if isinstance(end.code, int) else 1 if end.code else 0
-    finally:  # as it was: a caller in the same process may compose or plan again
+    finally:  # as it was: a caller in the same process may compose, plan or log again
         sys.argv = argv
         GlobalHydra.instance().clear()
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
     return 0

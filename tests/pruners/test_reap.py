@@ -248,6 +248,7 @@ def test_frequency_shares_reaps_scoring_and_top_p_composes(store, calib):
 def test_a_sparsity_that_removes_what_another_removes_is_recorded_and_keyed_as_it(tmp_path, caplog):
     """int(8 x 0.8) = 6 experts, as int(8 x 0.75): one model, so one run key and one recorded sparsity."""
     from prunebench.inputs import job_inputs
+    from prunebench.pruning import key_by_removed
     from prunebench.tracking.run_key import run_key
 
     text = tmp_path / "calib.txt"
@@ -256,7 +257,9 @@ def test_a_sparsity_that_removes_what_another_removes_is_recorded_and_keyed_as_i
     for ratio in ("0.75", "0.8"):
         cfg = compose_cfg(["model=tiny-mixtral", *TASK, "pruner=reap", f"sparsity={ratio}", "calib=file",
                            f"calib.path={text}", "calib.seq_len=64"])
-        keys[ratio] = run_key(cfg, job_inputs(cfg, validate(cfg)))
+        tasks = validate(cfg)
+        key_by_removed(cfg)  # as the job, the plan and the SLURM launcher key it
+        keys[ratio] = run_key(cfg, job_inputs(cfg, tasks))
         assert cfg.sparsity == 0.75
     assert keys["0.75"] == keys["0.8"]
     assert "sparsity=0.8 removes what sparsity=0.75 removes on model=tiny-mixtral" in caplog.text

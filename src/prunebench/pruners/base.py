@@ -49,12 +49,13 @@ class Pruner:
         self.name, self.tower = name, tower
 
     @classmethod
-    def check_tower(cls, name: str, tower: str) -> None:
+    def check_tower(cls, name: str, tower: str, model_name: str | None = None) -> None:
         """`tower` names a part of a vision-language model this pruner can act on."""
         if tower not in TOWERS:
             raise ValueError(f"pruner={name!r}: pruner.tower={tower!r}; valid: {list(TOWERS)}")
         if tower not in cls.towers:
-            raise ValueError(f"pruner={name!r} cannot prune the {tower} tower; it prunes: {sorted(cls.towers)} "
+            of = f" of model={model_name!r}" if model_name else ""
+            raise ValueError(f"pruner={name!r} cannot prune the {tower} tower{of}; it prunes: {sorted(cls.towers)} "
                              f"(vision-tower pruning is head pruning: pruner=heads_his|heads_entropy|heads_l2|"
                              f"heads_random|hies)")
 
@@ -68,7 +69,7 @@ class Pruner:
         if tower != "language" and family != "vlm":
             raise ValueError(f"pruner.tower={tower!r} picks a part of a vision-language model, but model="
                              f"{model_name!r} is family {family!r}; leave pruner.tower=language")
-        cls.check_tower(name, tower)
+        cls.check_tower(name, tower, model_name)
 
     def check(self, sparsity: float) -> None:
         """Raise ValueError if this pruner cannot produce `sparsity` (called before any model loads)."""
