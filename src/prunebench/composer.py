@@ -16,6 +16,7 @@ import functools
 from collections.abc import Iterable
 
 from hydra import compose
+from hydra.core.config_loader import ConfigLoader
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 
@@ -91,3 +92,33 @@ class Composer:
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
         return found
+
+
+class ComposingLoader(ConfigLoader):
+    """Hydra's config loader, whose compose of a sweep's job (the sweeper's check that each job
+    composes) is a `Composer`'s; the rest (the sweep parser's `glob()` reads the groups' options
+    here) is Hydra's own."""
+
+    def __init__(self, loader: ConfigLoader, composer) -> None:
+        self.loader, self.composer = loader, composer
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        return self.composer(list(sweep_overrides))
+
+    def load_configuration(self, *args, **kwargs):
+        return self.loader.load_configuration(*args, **kwargs)
+
+    def get_search_path(self):
+        return self.loader.get_search_path()
+
+    def get_sources(self):
+        return self.loader.get_sources()
+
+    def list_groups(self, parent_name: str):
+        return self.loader.list_groups(parent_name)
+
+    def get_group_options(self, *args, **kwargs):
+        return self.loader.get_group_options(*args, **kwargs)
+
+    def compute_defaults_list(self, *args, **kwargs):
+        return self.loader.compute_defaults_list(*args, **kwargs)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hydra.core.config_loader import ConfigLoader
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
@@ -165,18 +164,27 @@ def sweep_plan(config: DictConfig) -> int:
 
 
 def planned(config: DictConfig) -> list[PlannedJob]:
-    """The plan of a multirun's config (with its `hydra` node), inside Hydra's initialization. The
-    config's own sweeper expands the grid, as `prunebench -m` would (a preset's axes, `glob()`,
-    `range()`, interpolations), onto a launcher that runs nothing (hydra_plugins' PlanLauncher), in a
-    scratch sweep folder. Its check that every job composes, and the plan's compose of each job, go
-    through one `Composer`: the defaults tree once per set of group choices, not once per job."""
+    """The plan of a multirun's config (with its `hydra` node), inside Hydra's initialization: the
+    grid as the config's own sweeper expands it (`sweep_grid`), each job composed and validated."""
+    from prunebench.composer import Composer
+
+    composer = Composer(config.hydra.job.config_name, config.hydra.overrides.hydra)
+    return plan(sweep_grid(config, composer), composer)
+
+
+def sweep_grid(config: DictConfig, composer=None) -> list[list[str]]:
+    """Each job's overrides in launch order, as the config's own sweeper expands them for
+    `prunebench -m` (a preset's axes, `glob()`, `range()`, interpolations), handed to a launcher that
+    runs nothing (hydra_plugins' PlanLauncher), in a scratch sweep folder. The sweeper's check that
+    every job composes goes through `composer` (the defaults tree once per set of group choices, not
+    once per job)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext
 
-    from prunebench.composer import Composer
+    from prunebench.composer import Composer, ComposingLoader
 
-    composer = Composer(config.hydra.job.config_name, config.hydra.overrides.hydra)
+    composer = composer or Composer(config.hydra.job.config_name, config.hydra.overrides.hydra)
     planning = copy.deepcopy(config)
     with tempfile.TemporaryDirectory() as scratch:
         with open_dict(planning):
@@ -185,36 +193,5 @@ def planned(config: DictConfig) -> list[PlannedJob]:
         loader = ComposingLoader(GlobalHydra.instance().config_loader(), composer)
         sweeper = Plugins.instance().instantiate_sweeper(config=planning, task_function=lambda cfg: None,
                                                          hydra_context=HydraContext(config_loader=loader, callbacks=None))
-        grid = [[o for o in job.overrides if not o.startswith("plan=")]
+        return [[o for o in job.overrides if not o.startswith("plan=")]
                 for batch in sweeper.sweep(arguments=list(config.hydra.overrides.task)) for job in batch]
-    return plan(grid, composer)
-
-
-class ComposingLoader(ConfigLoader):
-    """Hydra's config loader, whose compose of a sweep's job (the sweeper's check that each job
-    composes) is the plan's `Composer`; the rest (the sweep parser's `glob()` reads the groups'
-    options here) is Hydra's own."""
-
-    def __init__(self, loader: ConfigLoader, composer) -> None:
-        self.loader, self.composer = loader, composer
-
-    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        return self.composer(list(sweep_overrides))
-
-    def load_configuration(self, *args, **kwargs):
-        return self.loader.load_configuration(*args, **kwargs)
-
-    def get_search_path(self):
-        return self.loader.get_search_path()
-
-    def get_sources(self):
-        return self.loader.get_sources()
-
-    def list_groups(self, parent_name: str):
-        return self.loader.list_groups(parent_name)
-
-    def get_group_options(self, *args, **kwargs):
-        return self.loader.get_group_options(*args, **kwargs)
-
-    def compute_defaults_list(self, *args, **kwargs):
-        return self.loader.compute_defaults_list(*args, **kwargs)

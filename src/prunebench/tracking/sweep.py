@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_method
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError, refuse
 from prunebench.tracking import cells, claim, interrupts, server, store
@@ -50,7 +50,6 @@ CLOSER_PARAM = "prunebench.closed_by"
 # set once the launcher has handed every cell to SLURM: before it, no cell count is complete
 SUBMITTED_TAG = "prunebench.submitted"
 DETACHABLE = "hydra_plugins.prunebench_launcher.detachable_launcher.DetachableSlurmLauncher"
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 DEFAULT_STALE_S = 300.0  # conf/tracking's claim.stale_s, for a reader without the sweep's config
 
 
@@ -69,11 +68,14 @@ class SweepRunCallback(Callback):
     its files are logged to the parent run under report/ (None: no report). `planner`: import path
     of a function (the sweep's config) -> exit status, which prints the grid under plan=true.
     `checker`: import path of a function (the sweep's config) raising ConfigError for what every job
-    shares (validate.check_sweep), so the sweep is refused once instead of each job. All three are
-    named in the config so that tracking imports nothing above it."""
+    shares (validate.check_sweep), so the sweep is refused once instead of each job. `grid`: import
+    path of a function (the sweep's config) -> each job's overrides (plan.sweep_grid), recorded so a
+    cell never started reads "left". All four are named in the config so that tracking imports
+    nothing above it."""
 
-    def __init__(self, report: str | None = None, planner: str | None = None, checker: str | None = None) -> None:
-        self.report, self.planner, self.checker = report, planner, checker
+    def __init__(self, report: str | None = None, planner: str | None = None, checker: str | None = None,
+                 grid: str | None = None) -> None:
+        self.report, self.planner, self.checker, self.grid = report, planner, checker, grid
         self.run_id: str | None = None
         self.submitted = False
         self.ended = False  # Hydra reached on_multirun_end: every job was launched
@@ -116,7 +118,7 @@ class SweepRunCallback(Callback):
         # a detached sweep outlives this process (its cells close it) unless its submission failed
         atexit.register(self.abandon if self.detached else self.close)
         if not self.detached:
-            grid = local_grid(config)
+            grid = local_grid(config, self.grid)
             cells.record_array(MlflowClient(uri), self.run_id, {n: {"overrides": o, "local": True}
                                                                for n, o in enumerate(grid)})
         log.info("sweep parent run %s", self.run_id)
@@ -157,25 +159,18 @@ class SweepRunCallback(Callback):
                     interrupted=not self.ended)
 
 
-def local_grid(config: DictConfig) -> list[str]:
-    """Each job's overrides, by job number, as Hydra's basic sweeper will launch them (its own
-    expansion, without composing any job); [] under another sweeper, or a sweep that does not
-    expand (the sweeper then refuses it itself)."""
-    sweeper = config.hydra.get("sweeper") or {}
-    if sweeper.get("_target_") != BASIC_SWEEPER:
+def local_grid(config: DictConfig, expand: str | None) -> list[str]:
+    """Each job's overrides, by job number, as Hydra's basic sweeper will launch them: `expand`, the
+    import path of a function (the sweep's config) -> the jobs' overrides (plan.sweep_grid, the
+    sweeper's own expansion); [] under another sweeper, or a sweep that does not expand (the sweeper
+    then refuses it itself)."""
+    if not expand or OmegaConf.select(config, "hydra.runtime.choices.hydra/sweeper") != "basic":
         return []
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
-        params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
-        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-        batches = BasicSweeper.split_arguments(parser.parse_overrides(params + list(config.hydra.overrides.task)), None)
+        return [" ".join(job) for job in get_method(expand)(config)]
     except Exception:
         log.debug("the sweep's grid could not be expanded here", exc_info=True)
         return []
-    return [" ".join(job) for batch in batches for job in batch]
 
 
 def end_gone_claims(client: MlflowClient, run_id: str, experiment_id: str, stale_s: float) -> None:
