@@ -273,7 +273,7 @@ def test_detached_grid_closes_itself_after_cancels_and_a_requeue_and_a_rerun_com
 
     rows, out = status(capsys, "latest", "--uri", store)
     assert Counter(state for state, _, _ in rows.values()) == {"done": DETACHED_CELLS - 1, "killed": 1}, out
-    assert f"closed FAILED ({DETACHED_CELLS - 1} finished, 0 failed, 1 killed, 0 running, 1 retried)" in out, out
+    assert f"closed FAILED ({DETACHED_CELLS - 1} finished, 0 failed, 1 killed, 0 running, 1 retried, 0 left)" in out, out
     assert "nothing left" in out
 
     second = submit_detached(env)  # the same command: only the cancelled cell is submitted again

@@ -57,7 +57,9 @@ def tiny(name: str, data) -> list[str]:
                 "task.tasks.wikitext2_ppl.source.split=train", "task.tasks.wikitext2_ppl.seq_len=32", *LATENCY]
     if name in ("recovery", "llm_pruner_recovery"):  # six blocks for LLM-Pruner's range; one quick recovery step
         quick = ["recovery.seq_len=16", "recovery.batch_size=2", "recovery.micro_batch_size=2", "recovery.val_samples=2",
-                 "recovery.max_steps=1", "recovery.warmup_steps=0"]
+                 "recovery.max_steps=1", "recovery.warmup_steps=0",
+                 # the fixture's WikiText-2 train file stands in for the evaluated test split too
+                 "recovery.allow_eval_split=true"]
         if name == "llm_pruner_recovery":  # alpaca-cleaned is on the hub
             quick += ["recovery.data=file", f"recovery.path={alpaca}", "recovery.seq_len=512"]
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", "model.config.max_position_embeddings=2048",

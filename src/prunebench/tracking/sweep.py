@@ -117,7 +117,9 @@ class SweepRunCallback(Callback):
         os.environ[PARENT_ENV] = self.run_id
         # a detached sweep outlives this process (its cells close it) unless its submission failed
         atexit.register(self.abandon if self.detached else self.close)
-        if not self.detached:
+        # every cell of a sweep that launches them all reaches a job (a skipped one too); prunebench's
+        # SLURM launcher submits only the cells left, and records the others itself
+        if not self.detached and config.hydra.launcher.get("_target_") != DETACHABLE:
             grid = local_grid(config, self.grid)
             cells.record_array(MlflowClient(uri), self.run_id, {n: {"overrides": o, "local": True}
                                                                for n, o in enumerate(grid)})
