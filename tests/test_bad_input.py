@@ -103,9 +103,9 @@ CASES = {
                       ["index.json names the shard model-00001-of-00002.safetensors", "not in the folder"]),
     "checkpoint without a tokenizer": ([json.dumps(GOOD)], ["model=hf_causal", "model.path={tmp}/ckpt", "pruner=none"],
                                        ["ckpt' holds no tokenizer", "tokenizer.json", "save_pretrained(FOLDER)"]),
-    "export_dir under /proc": ([json.dumps(GOOD)], ["export=true", "export_dir=/proc/prunebench-tests/models"],
-                               ["export_dir='/proc/prunebench-tests/models'", "nothing can be written in /proc"]),
-    "export_dir under a file": ([json.dumps(GOOD)], ["export=true", "export_dir={tmp}/cases.jsonl/models"],
+    "export.dir under /proc": ([json.dumps(GOOD)], ["export=hf", "export.dir=/proc/prunebench-tests/models"],
+                               ["export.dir='/proc/prunebench-tests/models'", "nothing can be written in /proc"]),
+    "export.dir under a file": ([json.dumps(GOOD)], ["export=hf", "export.dir={tmp}/cases.jsonl/models"],
                                 ["cases.jsonl is a file, not a folder"]),
     "seed not an integer for torch's generator": ([json.dumps(GOOD)], ["pruner=random", "seed=abc"],
                                                   ["pruner='random' is misconfigured: pruner random: seed='abc'",
@@ -454,12 +454,25 @@ def test_a_truncated_checkpoint_exits_2_with_one_line_and_no_run(store, tmp_path
 def test_an_unwritable_export_dir_refuses_the_sweep_once_before_any_job(store, tmp_path):
     """Not each pruned job and its dense baseline evaluated, then failing at the write."""
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps(GOOD)])
-    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *mc(path), "sparsity=0.3,0.5", "export=true",
-                           "export_dir=/proc/prunebench-tests/models", "trainer.enable_progress_bar=false"],
+    proc = subprocess.run([sys.executable, "-m", "prunebench", "-m", *mc(path), "sparsity=0.3,0.5", "export=hf",
+                           "export.dir=/proc/prunebench-tests/models", "trainer.enable_progress_bar=false"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.count("export_dir='/proc/prunebench-tests/models': nothing can be written in /proc") == 1, proc.stderr
+    assert proc.stderr.count("export.dir='/proc/prunebench-tests/models': nothing can be written in /proc") == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr[-2000:]
+    assert_no_runs(store)
+
+
+@pytest.mark.process
+def test_the_old_export_spellings_are_refused_naming_the_new_ones(store):
+    """export=true, export_dir and export_padded became the group `export`: Hydra's own refusal of a
+    bool group choice names neither the key nor what replaced it, so the command says both, in one line."""
+    proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], "export=true", "export_dir=/tmp/x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "prunebench: invalid config: export=true: export is a config group now; write export=hf to write the model "
+        "(export=none, the default, writes none) (docs/export.md)"], proc.stderr[-2000:]
     assert_no_runs(store)
 
 

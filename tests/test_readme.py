@@ -99,9 +99,9 @@ def test_every_readme_command_runs_or_plans_with_tiny_models(readme_commands, st
             reports.append(arguments)
         elif tool == "prunebench-compare":
             compares.append(arguments)
-        elif tool == "prunebench-export":  # RUN_ID: the run the README's export=true example made
+        elif tool == "prunebench-export":  # RUN_ID: the run the README's export=hf example made
             exported = mlflow.search_runs(experiment_names=["prunebench"], order_by=["attributes.start_time DESC"],
-                                          filter_string="tags.`hydra.overrides` LIKE '%export=true%'").run_id[0]
+                                          filter_string="tags.`hydra.overrides` LIKE '%export=hf%'").run_id[0]
             arguments = [exported if a == "RUN_ID" else str(tmp_path / a) if a == "exports" else a for a in arguments]
             assert export_main([*arguments, "--tracking-uri", store]) == 0, arguments
             assert (tmp_path / "exports" / exported / "pruning.json").is_file()

@@ -98,7 +98,18 @@ def exit_outside_the_store(signum: int, frame) -> None:
 
 def main() -> None:
     end_runs_on_sigterm()
+    refuse_moved(sys.argv[1:])
     app()
+
+
+def refuse_moved(arguments: list[str]) -> None:
+    """An override spelled as before a config became a group (`export=true`), refused in one line
+    naming its new spelling before Hydra answers it less clearly."""
+    from prunebench.api.errors import refuse
+    from prunebench.export.writer import moved
+
+    if (message := moved(arguments)) is not None:
+        refuse(message)
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -118,6 +129,7 @@ def run_app(argv: list[str]) -> int:
     argv, sys.argv = list(sys.argv), argv
     handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures the root logger
     try:
+        refuse_moved(sys.argv[1:])
         app()
     except SystemExit as end:  # the plan's status, from the sweep callback
         return end.code if isinstance(end.code, int) else 1 if end.code else 0

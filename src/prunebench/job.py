@@ -18,6 +18,7 @@ from prunebench.baseline import against_dense, per_document
 from prunebench.bench import memory
 from prunebench.cache import content_key
 from prunebench.evaluation.evaluate import evaluate_task
+from prunebench.export.writer import export_writer
 from prunebench.inputs import data_names, job_inputs, log_inputs
 from prunebench.models.introspection import count_parameters
 from prunebench.pruning import key_by_removed, prune
@@ -58,18 +59,18 @@ def run(cfg: DictConfig, overrides: list[str] = (), parent_run_id: str | None = 
         record_cell(uri, parent_run_id, baseline)
     if cfg.tracking.skip_existing and (done := store.finished_run(uri, exp_id, key)):
         log.info("skipping: run %s already FINISHED for run key %s", done.info.run_id, key)
-        if cfg.get("export"):
+        if (export := cfg.export.name) != "none":
             exported = done.data.tags.get("prunebench.export")
             if exported:
-                log.warning("export=true: run %s is FINISHED and was not run again; its model was exported when it "
-                            "ran: %s", done.info.run_id, exported)
+                log.warning("export=%s: run %s is FINISHED and was not run again; its model was exported when it "
+                            "ran: %s", export, done.info.run_id, exported)
             elif recovering(cfg) and not dense:  # prunebench-export cannot repeat a recovery's training
-                log.warning("export=true: run %s is FINISHED and was not run again, without an export; its recovered "
-                            "model is written only by running it again: tracking.skip_existing=false export=true",
-                            done.info.run_id)
+                log.warning("export=%s: run %s is FINISHED and was not run again, without an export; its recovered "
+                            "model is written only by running it again: tracking.skip_existing=false export=%s",
+                            export, done.info.run_id, export)
             else:
-                log.warning("export=true: run %s is FINISHED and was not run again; take its model with "
-                            "prunebench-export %s (docs/export.md)", done.info.run_id, done.info.run_id)
+                log.warning("export=%s: run %s is FINISHED and was not run again; take its model with "
+                            "prunebench-export %s (docs/export.md)", export, done.info.run_id, done.info.run_id)
         if parent_run_id:
             record_cell(uri, parent_run_id, done)
         return None
@@ -129,7 +130,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[s
     key). Returns the metrics, the names already logged (each task's, as soon as it finished) and
     each task's per-document values of its primary metric (`baseline.per_document`), for stability's interval."""
     memory.reset_peaks()
-    loaded, pruner, stats, before = prune(cfg, dense, bool(cfg.get("export")))
+    writer = export_writer(cfg)
+    loaded, pruner, stats, before = prune(cfg, dense, writer.writes)
     logged: set[str] = set()
     documents: dict[str, dict] = {}
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric
@@ -160,12 +162,12 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[s
         for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
             (mlflow.log_text if isinstance(artifact, str) else mlflow.log_dict)(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
-    if before is not None:  # export=true; before the benchmark, which may swap weights for sparse kernels' formats
+    if writer.writes:  # before the benchmark, which may swap weights for sparse kernels' formats
         from prunebench.export.logged_model import export_model
 
         start = time.perf_counter()
         adapter = folder / ADAPTER if folder is not None and (folder / ADAPTER).is_dir() else None
-        export_model(cfg, loaded, stats, before, mlflow.active_run().info.run_id, adapter)
+        export_model(cfg, writer, loaded, stats, before, mlflow.active_run().info.run_id, adapter)
         metrics["time/export_s"] = time.perf_counter() - start
     if cfg.bench.name != "none":
         from prunebench.bench.measure import benchmark

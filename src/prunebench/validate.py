@@ -17,7 +17,7 @@ from prunebench.cache import check_cache_root
 from prunebench.calibration import check_calibration
 from prunebench.evaluation import chat
 from prunebench.evaluation.numerics import lm_eval_rows
-from prunebench.export.options import ExportOptions
+from prunebench.export.writer import export_writer
 from prunebench.hub import deferring
 from prunebench.models.checks import check_generation_budget, check_model, check_model_folder, model_context, stated_config
 from prunebench.recovery.options import check_recovery
@@ -47,7 +47,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
     except Exception as err:  # the pruner's own words, not Hydra's wrapping of them
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ is not None else err
         raise ConfigError(f"pruner={cfg.pruner.name!r} is misconfigured: {cause}") from err
-    ExportOptions.of(cfg).check(cfg, pruner_cls)
+    export_writer(cfg).check(cfg, pruner_cls)
     server.check(cfg.tracking)
     try:
         lm_eval_rows(cfg.get("eval") or {})
@@ -93,5 +93,5 @@ def check_root(cfg: DictConfig) -> None:
 
 def check_sweep(cfg: DictConfig) -> None:
     """What every job of a sweep shares, checked once before its parent run (tracking/sweep.py)."""
-    ExportOptions.of(cfg).check_dir()
+    export_writer(cfg).check_dir()
     check_cache_root()

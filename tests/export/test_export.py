@@ -1,4 +1,4 @@
-"""export=true and prunebench-export: the pruned model as a Hugging Face folder that reloads (through
+"""export=hf and prunebench-export: the pruned model as a Hugging Face folder that reloads (through
 model=hf_causal, pruner=none) to the run's own predictions, at fp32, document by document."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_layers_bi_export_has_fewer_layers_and_fewer_parameters_by_the_block_rem
 
 
 def test_heads_his_export_pads_layers_with_fewer_heads_to_a_stock_shape(store, tmp_path, calib):
-    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=heads_his", "export_padded=true", *calib], tmp_path)
+    _, _, folder, pruning = round_trip("tiny-llama", ["pruner=heads_his", "export.padded=true", *calib], tmp_path)
     after = pruning["structure"]["language"]["after"]
     config = json.loads((folder / "config.json").read_text())
     # global ranking leaves layers with different heads; each is stored with the most key/value heads
@@ -108,9 +108,9 @@ def test_prunebench_export_rebuilds_a_finished_runs_model(store, tmp_path, calib
     run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib]))
     pruned = last_run()
     assert "prunebench.export" not in pruned.data.tags
-    # export=true does not change the run key: the finished run is skipped, and the log says what to run
+    # an export does not change the run key: the finished run is skipped, and the log says what to run
     with caplog.at_level("WARNING", logger="prunebench.job"):
-        assert run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib, "export=true"])) is None
+        assert run(compose_cfg(["model=tiny-llama", *TASK, *JOB, "pruner=layers_bi", *calib, "export=hf"])) is None
     assert f"prunebench-export {pruned.info.run_id}" in caplog.text
     assert main([pruned.info.run_id, "--tracking-uri", store]) == 0
     pruned = MlflowClient().get_run(pruned.info.run_id)
@@ -134,7 +134,7 @@ def test_prunebench_export_refuses_a_rebuild_that_differs_from_the_run(store, tm
 
 def test_tiny_llava_exports_with_its_processor(store, tmp_path):
     task = ["task=easy_vqa", "trainer.enable_progress_bar=false"]
-    run(compose_cfg(["model=tiny-llava", *task, *JOB, "pruner=magnitude", "export=true"]))
+    run(compose_cfg(["model=tiny-llava", *task, *JOB, "pruner=magnitude", "export=hf"]))
     pruned = last_run()
     folder = exported_folder(pruned, tmp_path)
     assert (folder / "processor_config.json").exists() or (folder / "preprocessor_config.json").exists()
@@ -143,27 +143,50 @@ def test_tiny_llava_exports_with_its_processor(store, tmp_path):
 
 
 def test_export_dir_writes_a_folder_and_tags_its_path(store, tmp_path):
-    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
+    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export.dir={tmp_path / 'models'}"], tmp_path)
     assert folder == tmp_path / "models" / pruned.info.run_id
     assert pruned.data.tags["prunebench.export"] == f"dir:{folder}"
     assert not pruned.outputs.model_outputs  # nothing copied into the artifact store
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["export=yes"], "export='yes'"),
-    (["export_dir=/tmp/x"], "export=false"),
-    (["export_padded=true"], "export_padded=true is set but export=false"),
-    (["export=true", "export_padded=maybe"], "export_padded='maybe'"),
-    (["model=tiny-vit", "export=true"], "timm model"),
-    (["model=tiny-mixtral", "pruner=moe_topk", "export=true"], "not its weights"),
+    (["export.dir=/tmp/x"], r"export.dir='/tmp/x' is set but export=none; choose a format .* such as export=hf"),
+    (["export=hf", "export.padded=maybe"], "export.padded='maybe': use false"),
+    (["export=hf", "export.dir=3"], "export.dir=3: give a folder path"),
+    (["export=hf", "export._target_=builtins.dict"], "export._target_=.builtins.dict. is no export format"),
+    (["model=tiny-vit", "export=hf"], "model='tiny-vit' is of family 'vision', which this format does not write"),
+    (["model=tiny-mixtral", "pruner=moe_topk", "export=hf"], "export=hf: pruner='moe_topk_k1' changes how the model runs, "
+                                                             "not its weights"),
 ])
 def test_bad_export_options_fail_before_any_model_loads(overrides, message):
-    from prunebench.export.options import ExportOptions
     from hydra.utils import get_class
+
+    from prunebench.export.writer import export_writer
 
     cfg = compose_cfg(overrides)
     with pytest.raises(ConfigError, match=message):
-        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
+        export_writer(cfg).check(cfg, get_class(cfg.pruner._target_))
+
+
+@pytest.mark.parametrize(("argument", "new"), [
+    ("export=true", "export=hf to write the model"), ("export=False", "export=hf to write the model"),
+    ("export=true,false", "export=hf"), ("export_dir=/tmp/x", "export=hf export.dir=DIR"),
+    ("+export_padded=true", "export=hf export.padded=true"),
+])
+def test_the_old_spellings_are_refused_before_hydra_naming_the_new_ones(argument, new, capsys):
+    """prunebench-plan too: the same check runs before Hydra composes anything."""
+    from prunebench.cli import plan_main
+
+    assert plan_main(["model=tiny-llama", argument]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"prunebench: invalid config: {argument}: export is a config group now; write {new}"), err
+    assert err.endswith("(docs/export.md)") and "\n" not in err, err
+
+
+def test_the_new_spellings_pass_the_check():
+    from prunebench.export.writer import moved
+
+    assert moved(["export=hf", "export.dir=/tmp/x", "export.padded=true", "export=none", "export=hf,none"]) is None
 
 
 def test_an_unwritable_export_dir_is_refused(tmp_path):
@@ -172,7 +195,7 @@ def test_an_unwritable_export_dir_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="file is a file, not a folder; give a folder this process can write"):
         from prunebench.validate import validate
 
-        validate(compose_cfg([*TINY_MC, "export=true", f"export_dir={blocker / 'sub'}"]))
+        validate(compose_cfg([*TINY_MC, "export=hf", f"export.dir={blocker / 'sub'}"]))
 
 
 def test_vision_heads_a_clip_config_cannot_state_are_padded_back_to_its_count(tmp_path):
@@ -281,7 +304,7 @@ def test_an_export_folder_is_replaced_whole_and_a_foreign_one_refused(tmp_path):
 def test_exporting_again_into_the_dir_leaves_no_stale_file(store, tmp_path):
     from prunebench.export.cli import main
 
-    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export_dir={tmp_path / 'models'}"], tmp_path)
+    pruned, _, folder, _ = round_trip("tiny-llama", ["pruner=magnitude", f"export.dir={tmp_path / 'models'}"], tmp_path)
     (folder / "model.safetensors.index.json").write_text("{}")  # an earlier layout's shard index
     assert main([pruned.info.run_id, "--dir", str(tmp_path / "models"), "--tracking-uri", store]) == 0
     assert not (folder / "model.safetensors.index.json").exists()

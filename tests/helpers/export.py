@@ -49,9 +49,9 @@ def assert_same(pruned, reloaded, task: str, metrics: tuple[str, ...]) -> None:
 
 
 def round_trip(model: str, overrides: list[str], tmp_path: Path, family: str = "causal_lm"):
-    """Runs the pruned job with export=true, then the export as a dense hf_causal model on the same
+    """Runs the pruned job with export=hf, then the export as a dense hf_causal model on the same
     documents; returns (pruned run, reloaded run, the folder, its pruning.json)."""
-    run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=true"]))
+    run(compose_cfg([f"model={model}", *TASK, *JOB, *overrides, "export=hf"]))
     pruned = last_run()
     folder = exported_folder(pruned, tmp_path)
     _, reloaded = reloaded_run(folder, TASK, family)

@@ -279,7 +279,7 @@ def test_export_padded_is_a_stock_checkpoint_that_plain_transformers_loads(store
     from prunebench.models.introspection import count_parameters
 
     # round_trip reloads it through model=hf_causal, which reads a stock folder with from_pretrained
-    _, _, folder, pruning = round_trip("tiny-llama", [*OUTSIDE_THE_RANGE, *calib, "export_padded=true"], tmp_path)
+    _, _, folder, pruning = round_trip("tiny-llama", [*OUTSIDE_THE_RANGE, *calib, "export.padded=true"], tmp_path)
     assert pruning["layout"] == "stock" and pruning["padded"]
     model = AutoModelForCausalLM.from_pretrained(folder)
     attention, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp

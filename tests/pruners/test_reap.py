@@ -242,7 +242,7 @@ def test_frequency_shares_reaps_scoring_and_top_p_composes(store, calib):
     assert "top-p routing with p=0.3" in topp.data.tags["prunebench.routing"]
     assert 1 <= topp.data.metrics["local_mc/experts_per_token"] <= 4
     with pytest.raises(ConfigError, match="not its weights"):
-        validate(compose_cfg([*base, "pruner=reap_topp", "export=true"]))
+        validate(compose_cfg([*base, "pruner=reap_topp", "export=hf"]))
 
 
 def test_a_sparsity_that_removes_what_another_removes_is_recorded_and_keyed_as_it(tmp_path, caplog):

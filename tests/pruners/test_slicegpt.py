@@ -304,7 +304,7 @@ def test_gemma_and_export_are_refused_before_the_model_loads():
                               "sparsity=0.25"]))
     with pytest.raises(ConfigError, match="shortcut matrix on every block's residual path"):
         validate(compose_cfg(["model=tiny-llama", "task=wikitext2_ppl", "pruner=slicegpt", "calib=wikitext2",
-                              "sparsity=0.25", "export=true"]))
+                              "sparsity=0.25", "export=hf"]))
 
 
 def test_slicegpt_job_records_perplexity_and_what_slicing_removed(store, tmp_path, monkeypatch):

@@ -27,7 +27,8 @@ def test_runtime_fields_and_fields_at_their_since_value_leave_the_key_alone():
     base = ["model=tiny-llama", "pruner=magnitude", "sparsity=0.5", "limit=8"]
     key = run_key(compose_cfg(base))
     for extra in (["tracking.experiment=elsewhere"], ["trainer.enable_progress_bar=false"], ["model.device=cuda:1"],
-                  ["eval.batch_tokens=999"], ["pruner.tower=language"], ["fail_fast=true"]):
+                  ["eval.batch_tokens=999"], ["pruner.tower=language"], ["fail_fast=true"],
+                  ["export=hf", "export.dir=/tmp/x", "export.padded=true"]):
         assert run_key(compose_cfg([*base, *extra])) == key, extra
     for extra in (["limit=9"], ["model.dtype=bfloat16"], ["sparsity=0.4"], ["seed=1", "pruner=random"]):
         assert run_key(compose_cfg([*base, *extra])) != key, extra
@@ -43,7 +44,7 @@ def test_a_field_is_left_out_at_every_key_a_star_stands_for():
 
 GROUP_OPTIONS = [["model=tiny-bert-cls"], ["model=tiny-vit", "task=cifar100"], ["model=tiny-llava", "task=easy_vqa"],
                  ["experiment=hies_vit"], ["experiment=mop_llava"], ["experiment=owl"], ["recovery=lora"],
-                 ["bench=llm_generate"], ["judge=openai_compatible"], ["finetuned=bert-base-cola"], ["mop_run=seed1"]]
+                 ["bench=llm_generate"], ["export=hf"], ["judge=openai_compatible"], ["finetuned=bert-base-cola"], ["mop_run=seed1"]]
 
 
 @pytest.mark.parametrize("overrides", GROUP_OPTIONS, ids=lambda o: o[0])

@@ -1,5 +1,5 @@
 """`prunebench-export RUN_ID`: a run's pruned model, rebuilt from the config the run logged (its
-scores from the score cache) and written as `export=true` would have written it (docs/export.md).
+scores from the score cache) and written as `export=hf` would have written it (docs/export.md).
 
 The rebuilt model must be the one the run evaluated: its parameter counts and achieved sparsity are
 compared with the run's metrics, and a difference (changed pruner code, a scorer that is not
@@ -15,7 +15,7 @@ import mlflow
 from hydra.utils import get_class
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from prunebench.api.errors import ConfigError
 from prunebench.models.checks import stated_config
@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
                              "an MLflow logged model of the run")
     parser.add_argument("--padded", action="store_true",
                         help="layers of different widths padded with zeros to one stock shape, which plain "
-                             "from_pretrained loads (export_padded=true); default: each at its own widths")
+                             "from_pretrained loads (export.padded=true); default: each at its own widths")
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     args = parser.parse_args(argv)
+    from prunebench.export.folder import HFFolder
     from prunebench.export.logged_model import EXPORT_TAG, export_folder, export_model
     from prunebench.pruning import prune
     from prunebench.models.introspection import count_parameters
     from prunebench.tracking.run_key import is_dense, recovering
-    from prunebench.export.options import ExportOptions
 
     uri = tracking_uri(args.tracking_uri)
     if (missing := missing_store(uri)) is not None:  # MLflow would make an empty store there
@@ -64,14 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if recovering(cfg) and not is_dense(cfg):
         exported = run.data.tags.get(EXPORT_TAG)
         ran = (f"its recovered model (merged and masked, as evaluated) was exported when it ran: {exported}" if exported
-               else "it was run without export=true; rerun the job with export=true (and tracking.skip_existing=false)")
+               else "it was run without an export; rerun the job with export=hf (and tracking.skip_existing=false)")
         print(f"prunebench-export: run {args.run_id} recovered its model by fine-tuning (recovery={cfg.recovery.name}), "
               f"which a rebuild from the score cache does not repeat; {ran}", file=sys.stderr)
         return 2
-    with open_dict(cfg):
-        cfg.export, cfg.export_dir, cfg.export_padded = True, args.dir, args.padded
     try:
-        ExportOptions.of(cfg).check(cfg, get_class(cfg.pruner._target_))
+        writer = HFFolder(dir=args.dir, padded=args.padded)
+        writer.check(cfg, get_class(cfg.pruner._target_))
         # the run's model as it named it: a checkpoint folder since deleted was taken for a hub id
         stated_config(cfg.model)
         if args.dir:
@@ -86,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
               for key in SAME if key in run.data.metrics and run.data.metrics[key] != rebuilt[key]]
     if differ:
         print(f"prunebench-export: the rebuilt model is not the one run {args.run_id} evaluated ({'; '.join(differ)}); "
-              f"nothing written. Rerun the job with export=true instead", file=sys.stderr)
+              f"nothing written. Rerun the job with export=hf instead", file=sys.stderr)
         return 1
-    print(export_model(cfg, loaded, stats, before, args.run_id))
+    print(export_model(cfg, writer, loaded, stats, before, args.run_id))
     return 0
 
 

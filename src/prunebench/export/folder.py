@@ -7,7 +7,7 @@ left with different widths (heads ranked across the whole model, FLAP's adaptive
 LLM-Pruner's layer range) are stored at their own widths by default, the config stating the widest
 (pruning.json's `layout: per_layer`, which prunebench's loader rebuilds: models/narrow.py), so the
 folder is as small as the pruned model; padding them would store about the dense size. With
-`pad` (export_padded=true), and always for a vision-language model (its loader builds the config's
+`pad` (export.padded=true), and always for a vision-language model (its loader builds the config's
 shapes), they are written at a shape the config states, padded with zeros that add exactly nothing,
 which plain `from_pretrained` loads:
 - decoder layers left with different head counts: every layer padded to the widest layer's query
@@ -25,11 +25,15 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from prunebench.api.errors import ConfigError
+from prunebench.export.writer import Writer
 from prunebench.models.attention import Heads, attention_heads, head_index, heads_adapter
 from prunebench.models.introspection import count_parameters, is_composite, transformer_blocks
 from prunebench.models.narrow import PER_LAYER, PRUNING_FILE, block_mlp, narrow_layers
@@ -111,7 +115,7 @@ def padded(heads: Heads, n_heads: int, n_kv_heads: int, names: dict[int, str]) -
 def per_layer_note(part: str, uneven: int, total: int, widest: str) -> str:
     return (f"language {part}: {uneven} of {total} layers keep fewer {widest.split()[-1]} than the config states "
             f"({widest}, the widest layer's); each is stored at its own (layout {PER_LAYER}): prunebench's loader "
-            f"narrows it as `structure` says, plain from_pretrained refuses the folder (export_padded=true pads them)")
+            f"narrows it as `structure` says, plain from_pretrained refuses the folder (export.padded=true pads them)")
 
 
 def stated_heads(model: nn.Module, pad: bool) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[str]]:
@@ -230,7 +234,7 @@ def check_shapes(model: nn.Module, config, state: dict[str, torch.Tensor], layer
 def write_pretrained(loaded, folder: Path, record: dict, before: dict[str, list[dict]], pad: bool = False) -> dict:
     """Writes `loaded` (pruned) into `folder`: safetensors, config.json, generation config,
     tokenizer or processor, and pruning.json (`record` plus structure, dtype and notes). `before`:
-    `widths` of the model before pruning. `pad` (export_padded): layers of uneven widths padded to
+    `widths` of the model before pruning. `pad` (export.padded): layers of uneven widths padded to
     the config's stock shape instead of stored at their own. Returns what pruning.json holds."""
     from transformers import PreTrainedModel
 
@@ -278,3 +282,24 @@ def stored_parameters(folder: Path) -> int:
         with safe_open(str(path), framework="pt") as f:
             total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
     return total
+
+
+@dataclass(frozen=True)
+class HFFolder(Writer):
+    """export=hf: the Hugging Face folder above (`write_pretrained`). `padded`: layers of different
+    widths padded with zeros to one stock shape, which plain `from_pretrained` loads, instead of each
+    stored at its own widths for prunebench's loader. A timm model (family vision) has no such folder."""
+
+    name: str = "hf"
+    padded: bool = False
+    model_type: ClassVar[str] = "transformers"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.padded, bool):
+            raise ConfigError(f"export.padded={self.padded!r}: use false (layers of different widths stored at their "
+                              f"own, for prunebench's loader) or true (padded to one stock shape for plain "
+                              f"from_pretrained)")
+
+    def write(self, loaded, folder: Path, record: dict, before: dict) -> None:
+        write_pretrained(loaded, folder, record, before, self.padded)

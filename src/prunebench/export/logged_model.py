@@ -1,11 +1,11 @@
-"""Where a pruned model goes (export=true, docs/export.md): an MLflow logged model of its run, which
-the Model Registry registers from the UI, or a folder (export_dir) for a model too large to copy into
-the artifact store. The run's tag `prunebench.export` says which: `mlflow-model:models:/<id>` or
-`dir:<path>`.
+"""Where a pruned model goes (export=<format>, docs/export.md): the folder the format's writer fills
+(export/writer.py) becomes an MLflow logged model of its run, which the Model Registry registers
+from the UI, or goes to `<export.dir>/<run id>` for a model too large to copy into the artifact
+store. The run's tag `prunebench.export` says which: `mlflow-model:models:/<id>` or `dir:<path>`.
 
-The logged model is a plain folder of Hugging Face files, not an `mlflow.transformers` flavour: that
-flavour's local-checkpoint path fails under transformers 5 with MLflow 3.17 (it reads the pipeline
-registry's old layout), and a folder loads with `from_pretrained` after
+The logged model is that plain folder, not an MLflow flavour: the `mlflow.transformers` flavour's
+local-checkpoint path fails under transformers 5 with MLflow 3.17 (it reads the pipeline registry's
+old layout), and export=hf's folder loads with `from_pretrained` after
 `mlflow.artifacts.download_artifacts("models:/<id>")`."""
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from prunebench.export.writer import Writer
 from prunebench.models.loaded import LoadedModel
 from prunebench.tracking.run_key import is_dense, recovering
 from prunebench.tracking.store import KEY_TAG
 
 log = logging.getLogger(__name__)
 EXPORT_TAG = "prunebench.export"
+FORMAT_TAG = "prunebench.export_format"  # a logged model's: the format that wrote it (the run's is its param export.name)
 
 
 def record(cfg: DictConfig, stats: dict[str, float | str], run) -> dict:
@@ -42,13 +44,13 @@ def record(cfg: DictConfig, stats: dict[str, float | str], run) -> dict:
             "sparsity": 0.0 if is_dense(cfg) else float(cfg.sparsity), "achieved": achieved}
 
 
-def log_folder(folder: Path, run, tags: dict[str, str]) -> str:
+def log_folder(folder: Path, run, tags: dict[str, str], model_type: str) -> str:
     """The folder as a logged model whose source is `run`, listed among the run's outputs. Returns its URI."""
     client = MlflowClient()
     # MLflow refuses / : . % and quotes in a logged model's name (a run name holds | and the ratio's dot)
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", run.info.run_name or "pruned").strip("-")
     model = mlflow.initialize_logged_model(name=name, source_run_id=run.info.run_id, tags=tags,
-                                           model_type="transformers", experiment_id=run.info.experiment_id)
+                                           model_type=model_type, experiment_id=run.info.experiment_id)
     try:
         client.log_model_artifacts(model.model_id, str(folder))
     except BaseException:
@@ -60,7 +62,7 @@ def log_folder(folder: Path, run, tags: dict[str, str]) -> str:
 
 
 def export_folder(export_dir: str, run_id: str) -> Path:
-    """`<export_dir>/<run id>`, checked before any work: a folder that exists must be empty or an earlier
+    """`<export.dir>/<run id>`, checked before any work: a folder that exists must be empty or an earlier
     export of this run (its pruning.json names the run), which the new export replaces whole."""
     from prunebench.models.narrow import PRUNING_FILE
 
@@ -90,25 +92,24 @@ def honour_umask(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
+def export_model(cfg: DictConfig, writer: Writer, loaded: LoadedModel, stats: dict[str, float | str], before: dict,
                  run_id: str, adapter: Path | None = None) -> str:
-    """Writes the pruned `loaded` of run `run_id` where `cfg` says, tags the run with where, and
-    returns that tag's value. `before`: its widths before pruning (export/folder.widths);
-    `adapter`: a recovery's LoRA adapter folder (peft's), copied into the export's `adapter/`."""
-    from prunebench.export.folder import write_pretrained
+    """Writes the pruned `loaded` of run `run_id` (configured by `cfg`) with `writer` where its `dir`
+    says, tags the run with where, and returns that tag's value. `before`: its widths before pruning
+    (export/folder.widths); `adapter`: a recovery's LoRA adapter folder (peft's), copied into the
+    export's `adapter/`."""
     from prunebench.recovery import ADAPTER
 
     def write(target: Path) -> None:
-        write_pretrained(loaded, target, account, before, pad)
+        writer.write(loaded, target, account, before)
         if adapter is not None:
             shutil.copytree(adapter, target / ADAPTER)
         honour_umask(target)
 
     run = MlflowClient().get_run(run_id)
     account = record(cfg, stats, run)
-    pad = bool(cfg.get("export_padded", False))
-    if cfg.get("export_dir"):
-        folder = export_folder(str(cfg.export_dir), run_id)
+    if writer.dir:
+        folder = export_folder(writer.dir, run_id)
         # written whole beside it, then put in its place: an earlier export's files (a shard index of
         # another layout) never mix with this one's
         fresh = Path(tempfile.mkdtemp(prefix=f".{run_id}.partial-", dir=folder.parent))
@@ -123,9 +124,10 @@ def export_model(cfg: DictConfig, loaded: LoadedModel, stats: dict[str, float | 
     else:
         with tempfile.TemporaryDirectory(prefix="prunebench-export-") as tmp:
             write(Path(tmp))
-            tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"]}
-            where = "mlflow-model:" + log_folder(Path(tmp), run, tags)
+            tags = {KEY_TAG: account["run_key"] or "", "prunebench.pruner": account["pruner"]["name"],
+                    FORMAT_TAG: writer.name}
+            where = "mlflow-model:" + log_folder(Path(tmp), run, tags, writer.model_type)
     MlflowClient().set_tag(run_id, EXPORT_TAG, where)
-    log.info("exported the %s model of run %s: %s%s", "recovered" if recovering(cfg) and not is_dense(cfg) else "pruned",
-             run_id, where, f" (with the LoRA adapter as trained in {ADAPTER}/)" if adapter is not None else "")
+    log.info("exported (export=%s) the %s model of run %s: %s%s", writer.name,
+             "recovered" if recovering(cfg) and not is_dense(cfg) else "pruned", run_id, where, f" (with the LoRA adapter as trained in {ADAPTER}/)" if adapter is not None else "")
     return where

@@ -39,9 +39,9 @@ class Pruner:
     # options that change only how the scores are applied, not the scores: left out of the score
     # cache's key (pruning.score_identity), so runs differing in them share one scoring
     unscored: ClassVar[frozenset[str]] = frozenset()
-    # False: the pruner changes how the model runs, not its weights, so export=true has nothing to write
+    # False: the pruner changes how the model runs, not its weights, so an export has nothing to write
     exportable: ClassVar[bool] = True
-    # why export=true is refused, where `exportable` is False for another reason than the one above
+    # why an export is refused, where `exportable` is False for another reason than the one above
     export_refusal: ClassVar[str] = ""
 
     def __init__(self, name: str, tower: str = "language"):

@@ -430,7 +430,7 @@ def recover(loaded: LoadedModel, options: dict, data: RecoveryData, trainer_cfg,
     which a restarted job's recovery resumes from (Lightning's `fit(ckpt_path=...)`: the trained
     parameters, optimizer, schedule, data position and RNG; the pruned model it adds to is rebuilt
     by pruning again), and the LoRA adapter as trained (peft's `save_pretrained`, in `adapter/`,
-    before the merge: `export=true` ships it beside the merged model). Returns the summary metrics
+    before the merge: an export (`export=hf`) ships it beside the merged model). Returns the summary metrics
     and the per-step history (also logged to the active MLflow run)."""
     start = time.perf_counter()
     L.seed_everything(options["seed"], verbose=False)
