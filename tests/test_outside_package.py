@@ -1,11 +1,13 @@
-"""A lab's own pruner, task and experiment, kept in its own package (examples/mylab) and found through
-Hydra's search path (docs/extending.md): installed, they sweep like built-ins with their scores
-cached across ratios, validation reads what the class declares, the score cache tells packages
-apart, and `prunebench-plan` expands the package's experiment."""
+"""A lab's own pruner, task, experiment and export format, kept in its own package (examples/mylab)
+and found through Hydra's search path (docs/extending.md): installed, they sweep like built-ins with
+their scores cached across ratios, validation reads what the class declares, the score cache tells
+packages apart, `prunebench-plan` expands the package's experiment, and a job writes its model in
+the package's format."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -203,3 +205,33 @@ def test_a_model_config_in_a_folder_builds_on_a_built_in_one(tmp_path):
     assert model._target_ == built_in._target_ and model.family == "causal_lm"
     assert (model.name, model.path, model.dtype, model.trust_remote_code) == \
         ("mylab-llama-ft", "/models/mylab-llama-ft", "bfloat16", False)
+
+
+def test_the_packages_export_format_writes_a_checkpoint_that_loads_back_equal(mylab, store, tmp_path):
+    """mylab's bit-mask format, one class (mylab/export.py) and one YAML (conf/export/bitmask.yaml):
+    a job with export=bitmask logs its pruned weights as a logged model of the run, in fewer bytes than
+    the dense tensors, and they load back equal to the model the job evaluated."""
+    from helpers.export import exported_folder, last_run
+    from mylab.export import load_state_dict
+    from prunebench.job import run
+    from prunebench.pruning import prune
+
+    cfg = compose_cfg([SEARCHPATH, "model=tiny-llama", "pruner=magnitude", "sparsity=0.5", "task=units_mc", "limit=4",
+                       "tracking.ensure_dense=false", "export=bitmask", *QUIET])
+    run(cfg)
+    pruned = last_run()
+    folder = exported_folder(pruned, tmp_path)
+    model = mlflow.get_logged_model(pruned.data.tags["prunebench.export"].removeprefix("mlflow-model:models:/"))
+    assert model.tags["prunebench.export_format"] == "bitmask" and model.model_type == "safetensors-bitmask"
+    state = load_state_dict(folder)
+    # magnitude pruning is deterministic: rebuilt, it is the model the job evaluated
+    expected = prune(cfg, dense=False)[0].model.state_dict()
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[name], expected[name]) and state[name].dtype == expected[name].dtype for name in state)
+    unique = {tensor.untyped_storage().data_ptr(): tensor for tensor in state.values()}.values()
+    assert sum(int((t != 0).sum()) for t in unique) == pruned.data.metrics["params/nonzero"]
+    pruning = json.loads((folder / "pruning.json").read_text())
+    assert pruning["run_id"] == pruned.info.run_id and pruning["sparsity"] == 0.5
+    # every matrix magnitude pruned is masked (half its entries zero); the embeddings and norms are dense
+    assert {name for name in pruning["masked"]} == {name for name in expected if name.endswith("proj.weight")}
+    assert pruning["bytes_stored"] < pruning["bytes_dense"]

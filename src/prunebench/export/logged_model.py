@@ -129,5 +129,6 @@ def export_model(cfg: DictConfig, writer: Writer, loaded: LoadedModel, stats: di
             where = "mlflow-model:" + log_folder(Path(tmp), run, tags, writer.model_type)
     MlflowClient().set_tag(run_id, EXPORT_TAG, where)
     log.info("exported (export=%s) the %s model of run %s: %s%s", writer.name,
-             "recovered" if recovering(cfg) and not is_dense(cfg) else "pruned", run_id, where, f" (with the LoRA adapter as trained in {ADAPTER}/)" if adapter is not None else "")
+             "recovered" if recovering(cfg) and not is_dense(cfg) else "pruned", run_id, where,
+             f" (with the LoRA adapter as trained in {ADAPTER}/)" if adapter is not None else "")
     return where
