@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.data import SequentialSampler
     from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
-    from prunebench.export.folder import write_pretrained
+    from prunebench.export.folder import HFFolder, write_pretrained
     from prunebench.models.cache import get_model
     from prunebench.models.introspection import count_parameters
     from prunebench.paths import CONF_DIR
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     validate(cfg)
     o = OmegaConf.to_container(cfg.recovery, resolve=True)
     start = time.perf_counter()
-    loaded, _, _, before = prune(cfg, dense=False, exporting=True)
+    loaded, _, _, before = prune(cfg, dense=False, writer=HFFolder())
     print(f"pruned in {time.perf_counter() - start:.0f} s", flush=True)
     pruned_params = count_parameters(loaded.model)
     nonzero = count_parameters(loaded.model, nonzero=True)

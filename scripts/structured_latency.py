@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from prunebench.pruning import prune
 from prunebench.models.cache import get_model
-from prunebench.export.folder import write_pretrained
+from prunebench.export.folder import HFFolder, write_pretrained
 from prunebench.paths import CONF_DIR
 
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             for sparsity in map(float, args.sparsities.split(",")):
                 cfg = compose("config", overrides=[*base, f"pruner={pruner}", f"sparsity={sparsity}"])
                 exporting = bool(instantiate(cfg.pruner, _convert_="all").exportable)
-                pruned, _, stats, before = prune(cfg, False, exporting)
+                pruned, _, stats, before = prune(cfg, False, HFFolder() if exporting else None)
                 reloaded = None
                 if exporting:
                     folder = Path(tempfile.mkdtemp(prefix=f"{pruner}-{sparsity}-"))

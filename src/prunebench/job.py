@@ -131,7 +131,7 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[s
     each task's per-document values of its primary metric (`baseline.per_document`), for stability's interval."""
     memory.reset_peaks()
     writer = export_writer(cfg)
-    loaded, pruner, stats, before = prune(cfg, dense, writer.writes)
+    loaded, pruner, stats, before = prune(cfg, dense, writer)
     logged: set[str] = set()
     documents: dict[str, dict] = {}
     # what a pruner reports in words (MoP's L/G sequence) is a tag, not a metric

@@ -34,18 +34,13 @@ def score_identity(cfg: DictConfig, calibrated: bool) -> dict:
             "calib": OmegaConf.to_container(calibration_config(cfg), resolve=True) if calibrated else None}
 
 
-def prune(cfg: DictConfig, dense: bool, exporting: bool = False
-          ) -> tuple[LoadedModel, Pruner, dict[str, float | str], dict | None]:
+def prune(cfg: DictConfig, dense: bool, writer=None) -> tuple[LoadedModel, Pruner, dict[str, float | str], dict | None]:
     """The model loaded and pruned as `cfg` says. Returns the model, the pruner, what pruning
-    reported (numbers: metrics; words: tags, the score cache's state among them) and, when
-    `exporting`, the model's widths before pruning (export/folder.widths, for pruning.json)."""
-    from prunebench.export.folder import mark_layers, widths
-
+    reported (numbers: metrics; words: tags, the score cache's state among them) and what the
+    export `writer` (export/writer.Writer) takes of the model before pruning (None: no writer)."""
     loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
-    before = widths(loaded.model) if exporting else None
-    if exporting:
-        mark_layers(loaded.model)
+    before = writer.before_pruning(loaded.model) if writer is not None else None
     start = time.perf_counter()
     scores, stats = None, {}
     if not dense:

@@ -352,13 +352,13 @@ def test_the_plan_costs_a_recovered_cell_with_its_training(text_file):
 
 
 def test_tied_embeddings_stay_tied_through_the_merge_and_the_export(text_file, tmp_path, one_thread):
-    from prunebench.export.folder import write_pretrained
+    from prunebench.export.folder import HFFolder, write_pretrained
     from prunebench.models.introspection import count_parameters
     from prunebench.recovery.train import tie_again, ties_embeddings
 
     cfg = compose_cfg(TINY_MC + recovery_overrides(text_file, "recovery.max_steps=2", "pruner=magnitude",
                                                    "+model.config.tie_word_embeddings=true"))
-    loaded, _, _, before = prune(cfg, dense=False, exporting=True)
+    loaded, _, _, before = prune(cfg, dense=False, writer=HFFolder())
     assert ties_embeddings(loaded.model)
     pruned = count_parameters(loaded.model)
     recover(loaded, OmegaConf.to_container(cfg.recovery, resolve=True), recovery_data(cfg), cfg.trainer)

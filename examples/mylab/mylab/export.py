@@ -43,7 +43,7 @@ class BitmaskWriter(Writer):
             raise ConfigError(f"export.min_zeros={self.min_zeros!r}: give the fraction of zeros in (0, 1] from which "
                               f"a tensor is stored as a mask and its values")
 
-    def write(self, loaded, folder: Path, record: dict, before: dict) -> None:
+    def write(self, loaded, folder: Path, record: dict, before: None) -> None:
         tensors, masked, aliases, seen, dense = {}, {}, {}, {}, 0
         for name, tensor in loaded.model.state_dict().items():
             storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"prunebench-export: run {args.run_id}: {err}", file=sys.stderr)
         return 2
-    loaded, _, stats, before = prune(cfg, is_dense(cfg), exporting=True)
+    loaded, _, stats, before = prune(cfg, is_dense(cfg), writer)
     rebuilt = {**stats, "params/total": float(count_parameters(loaded.model)),
                "params/nonzero": float(count_parameters(loaded.model, nonzero=True))}
     differ = [f"{key}: run {run.data.metrics[key]}, rebuilt {rebuilt[key]}"

@@ -301,5 +301,11 @@ class HFFolder(Writer):
                               f"own, for prunebench's loader) or true (padded to one stock shape for plain "
                               f"from_pretrained)")
 
+    def before_pruning(self, model: nn.Module) -> dict[str, list[dict]]:
+        """Each layer's widths (pruning.json's `structure`), and the layers marked so that the ones a
+        pruner removes can be named."""
+        mark_layers(model)
+        return widths(model)
+
     def write(self, loaded, folder: Path, record: dict, before: dict) -> None:
         write_pretrained(loaded, folder, record, before, self.padded)

@@ -67,11 +67,15 @@ class Writer:
             raise ConfigError(f"export.dir={self.dir!r}: {err}; give a folder this process can write (the model goes "
                               f"to <export.dir>/<run id>)") from None
 
-    def write(self, loaded, folder: Path, record: dict, before: dict) -> None:
+    def before_pruning(self, model) -> dict | None:
+        """What `write` needs to know of the model as it was before pruning, taken then (its `before`)."""
+        return None
+
+    def write(self, loaded, folder: Path, record: dict, before: dict | None) -> None:
         """Writes the pruned `loaded` (a LoadedModel) into the empty `folder`, with a `pruning.json`
         holding `record` (the run's id and key, model, pruner and what pruning achieved), whose
-        `run_id` lets a later export of the same run replace the folder. `before`: the model's
-        widths before pruning (export/folder.widths)."""
+        `run_id` lets a later export of the same run replace the folder. `before`: what
+        `before_pruning` returned."""
         raise NotImplementedError(f"{type(self).__name__} (export={self.name}) writes nothing")
 
 
