@@ -61,12 +61,12 @@ def log_folder(folder: Path, run, tags: dict[str, str], model_type: str) -> str:
     return f"models:/{model.model_id}"
 
 
-def export_folder(export_dir: str, run_id: str) -> Path:
+def export_folder(parent: str, run_id: str) -> Path:
     """`<export.dir>/<run id>`, checked before any work: a folder that exists must be empty or an earlier
     export of this run (its pruning.json names the run), which the new export replaces whole."""
     from prunebench.models.narrow import PRUNING_FILE
 
-    folder = Path(export_dir).expanduser().resolve() / run_id
+    folder = Path(parent).expanduser().resolve() / run_id
     if folder.is_dir() and any(folder.iterdir()):
         try:
             earlier = json.loads((folder / PRUNING_FILE).read_text()).get("run_id")

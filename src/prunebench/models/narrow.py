@@ -102,7 +102,7 @@ def load_narrowed(folder: str, dtype: torch.dtype, device_map=None, **kwargs):
     if device_map:
         raise ValueError(f"model.path={folder!r} is an export whose layers keep widths of their own ({PRUNING_FILE}: "
                          f"layout {PER_LAYER}), which model.device_map cannot place; load it on one device "
-                         f"(model.device), or export it again with export_padded=true")
+                         f"(model.device), or export it again with export.padded=true")
     config = AutoConfig.from_pretrained(local)
     with no_init_weights(), default_dtype(dtype):  # every weight is read from the files below
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
