@@ -63,6 +63,7 @@ def test_the_installed_package_sweeps_its_pruner_on_its_task_scoring_once(tmp_pa
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, capture_output=True, timeout=300)
     assert (target / "mylab" / "conf" / "pruner" / "ria.yaml").is_file()
+    assert (target / "mylab" / "conf" / "export" / "bitmask.yaml").is_file()
     assert (target / "mylab" / "data" / "units.jsonl").is_file()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "PRUNEBENCH_CACHE": str(tmp_path / "cache")}
