@@ -32,9 +32,9 @@ RECORD_KEYS = ("instruction", "output")
 IGNORED = -100  # the label torch's cross-entropy (and transformers' loss) skips
 
 
-def read_records(path: Path) -> list:
+def read_records(path: Path, schema: str = "{instruction, input, output}") -> list:
     """The records of a .json (one list) or .jsonl (one per line) file, .gz too; ValueError naming
-    the line that is not JSON."""
+    the line that is not JSON. `schema`: what a record holds, in words, for a file that is no list."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as handle:
@@ -61,7 +61,7 @@ def read_records(path: Path) -> list:
         raise ValueError(f"recovery.path={str(path)!r} is not JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(records, list):
         raise ValueError(f"recovery.path={str(path)!r} holds a JSON {type(records).__name__}, not a list of "
-                         f"{{instruction, input, output}} records")
+                         f"{schema} records")
     return records
 
 
