@@ -276,6 +276,8 @@ def test_the_chat_kind_learns_the_assistants_turns_only(mylab, chats):
      r"recovery.data._target_='mylab.chat_data.Chat' cannot be imported \(AttributeError"),
     ([conversation(1)] * 6, ["recovery.data._target_=mylab.sources.PackagedJson"],
      "is not a prunebench.recovery.data.RecoveryData subclass"),
+    ([conversation(1)] * 6, ["~recovery.data._target_"], r"recovery.data=\{'chat_template': .*\} has no _target_ naming "
+                                                        r"its class; give a name of \['alpaca', 'file', 'wikitext2', 'task'\]"),
 ])
 def test_a_packages_bad_recovery_data_is_refused_before_the_model_loads(mylab, tmp_path, records, overrides, message):
     path = tmp_path / "chats.jsonl"

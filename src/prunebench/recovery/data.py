@@ -16,6 +16,7 @@ import importlib
 import json
 import random
 import zlib
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -115,7 +116,7 @@ def disjoint_windows(documents: list[str], tokenizer, count: int, seq_len: int, 
     return windows
 
 
-class RecoveryData:
+class RecoveryData(ABC):
     """What a recovery trains on: one subclass per `recovery.data` kind, chosen by name in `KINDS`
     or, for a kind from outside prunebench, by `recovery.data._target_` (its other keys are the
     constructor's own options). A kind says before any model loads whether its data is there and
@@ -141,14 +142,18 @@ class RecoveryData:
     def path(self) -> Path | None:
         return Path(self.options["path"]).expanduser() if self.options.get("path") else None
 
+    @abstractmethod
     def check(self) -> None:
-        raise NotImplementedError
+        """Before any model loads: ValueError or FileNotFoundError naming the value when the data is
+        not there or not usable."""
 
+    @abstractmethod
     def data_ids(self) -> set[str]:
-        raise NotImplementedError
+        """What it reads: local paths (their digests enter the run key) and hub names."""
 
+    @abstractmethod
     def examples(self, tokenizer) -> list[dict[str, list[int]]]:
-        raise NotImplementedError
+        """The token examples {input_ids, labels}, IGNORED where no loss is taken."""
 
     def check_count(self, count: int, what: str) -> None:
         held, batch = self.options["val_samples"], self.options["batch_size"]
@@ -296,8 +301,9 @@ class FileData(RecoveryData):
 class TextData(RecoveryData):
     """Windows of a corpus that checks itself (`corpora.py`)."""
 
+    @abstractmethod
     def corpus(self):
-        raise NotImplementedError
+        """The corpus (`corpora.TextCorpus`) the windows are cut from."""
 
     def check(self) -> None:
         self.corpus().check()
