@@ -15,7 +15,7 @@ SCHEMA = '{"messages": [{"role": ..., "content": ...}, ...]}'
 
 class ChatData(RecoveryData):
     """`recovery.path`: the conversations. `chat_template`: a Jinja chat template (null: the
-    tokenizer's own; a base model's tokenizer usually has none, and is refused once it has loaded)."""
+    tokenizer's own; a tokenizer without one is refused once it has loaded)."""
 
     name = "chat"
 
