@@ -1,8 +1,9 @@
-"""A lab's own pruner, task, experiment and export format, kept in its own package (examples/mylab)
-and found through Hydra's search path (docs/extending.md): installed, they sweep like built-ins with
-their scores cached across ratios, validation reads what the class declares, the score cache tells
-packages apart, `prunebench-plan` expands the package's experiment, and a job writes its model in
-the package's format."""
+"""A lab's own pruner, task, experiment, recovery data kind and export format, kept in its own
+package (examples/mylab) and found through Hydra's search path (docs/extending.md): installed,
+they sweep like built-ins with their scores cached across ratios, validation reads what the class
+declares, the score cache tells packages apart, `prunebench-plan` expands the package's
+experiment, its chat conversations recover a pruned model through the job, and a job writes its
+model in the package's format."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from hydra.utils import instantiate
 from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
-from conftest import compose_cfg
+from conftest import TINY_MC, compose_cfg
+from helpers.recovery import ONE_STEP
+from prunebench import job
 from prunebench.cache import content_key
 from prunebench.pruning import score_identity
 from prunebench.paths import CONF_DIR
 from prunebench.cli import plan_main
 from prunebench.pruners.score_cache import cached_scores
+from prunebench.recovery.data import IGNORED
 from prunebench.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +210,82 @@ def test_a_model_config_in_a_folder_builds_on_a_built_in_one(tmp_path):
     assert model._target_ == built_in._target_ and model.family == "causal_lm"
     assert (model.name, model.path, model.dtype, model.trust_remote_code) == \
         ("mylab-llama-ft", "/models/mylab-llama-ft", "bfloat16", False)
+
+
+# ChatML (Qwen's, SmolLM2-Instruct's), for the tiny model's tokenizer, which carries no chat template
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def conversation(number: int) -> dict:
+    return {"messages": [{"role": "system", "content": "Answer in one line."},
+                         {"role": "user", "content": f"How many metres are {number} kilometres?"},
+                         {"role": "assistant", "content": f"{number * 1000} metres."},
+                         {"role": "user", "content": "And in centimetres?"},
+                         {"role": "assistant", "content": f"{number * 100_000} centimetres."}]}
+
+
+@pytest.fixture
+def chats(tmp_path) -> Path:
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(conversation(n)) + "\n" for n in range(1, 7)))
+    return path
+
+
+def chat_cfg(chats: Path, *overrides: str):
+    """mylab's chat recovery (its one YAML, conf/recovery/chat.yaml) on a pruned tiny-llama, in ChatML."""
+    cfg = compose_cfg([SEARCHPATH, *TINY_MC, "pruner=magnitude", "sparsity=0.5", "limit=2", "tracking.ensure_dense=false",
+                       "recovery=chat", f"recovery.path={chats}", *ONE_STEP, *overrides])
+    OmegaConf.update(cfg, "recovery.data.chat_template", CHATML)
+    return cfg
+
+
+def test_a_packages_recovery_data_kind_trains_a_step_through_the_job(mylab, chats, store, one_thread):
+    """mylab/chat_data.py and conf/recovery/chat.yaml, nothing in prunebench: validated, trained,
+    recorded with its file's digest, and keyed by its class."""
+    metrics = job.run(chat_cfg(chats, "recovery.seq_len=128"))  # the tiny tokenizer spells ChatML's markers out
+    assert metrics["recovery/steps"] == 1
+    assert metrics["recovery/examples"] == 6 - 2  # six conversations, two held out
+    assert metrics["recovery/nonzero_delta"] == 0  # the pruning's zeros kept through training
+    client = mlflow.MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("prunebench").experiment_id],
+                                "tags.`prunebench.recovery` = 'chat'")
+    assert run.data.tags["prunebench.recovery_data"].startswith("chats.jsonl@")
+    assert run.data.params["recovery.data._target_"] == "mylab.chat_data.ChatData"
+
+
+def test_the_chat_kind_learns_the_assistants_turns_only(mylab, chats):
+    from prunebench.models.tiny import tiny_tokenizer
+    from prunebench.recovery.data import recovery_data
+
+    tokenizer = tiny_tokenizer()
+    (example, *_) = recovery_data(chat_cfg(chats, "recovery.seq_len=256")).examples(tokenizer)
+    learned = [token for token, label in zip(example["input_ids"], example["labels"]) if label != IGNORED]
+    assert tokenizer.decode(learned) == "1000 metres.<|im_end|>\n100000 centimetres.<|im_end|>\n"
+    assert tokenizer.decode(example["input_ids"]).startswith("<|im_start|>system\nAnswer in one line.<|im_end|>")
+    (whole, *_) = recovery_data(chat_cfg(chats, "recovery.seq_len=256", "recovery.train_on_inputs=true")).examples(tokenizer)
+    assert whole["labels"] == whole["input_ids"] == example["input_ids"]
+
+
+@pytest.mark.parametrize("records, overrides, message", [
+    ([{"text": "hello"}], [], r"record 1 is not \{\"messages\": .* with roles \['system', 'user', 'assistant'\]"),
+    ([{"messages": [{"role": "user", "content": "hi"}]}], [], "record 1 has no assistant turn"),
+    ([conversation(1)] * 3, [], r"has 3 conversations: fewer than one batch \(recovery.batch_size=2\) besides the "
+                                r"recovery.val_samples=2 held out"),
+    ([conversation(1)] * 6, ["+recovery.data.system_prompt=x"], r"recovery.data=\{.*\}: .*unexpected keyword argument "
+                                                                 r"'system_prompt'"),
+    ([conversation(1)] * 6, ["recovery.data._target_=mylab.chat_data.Chat"],
+     r"recovery.data._target_='mylab.chat_data.Chat' cannot be imported \(AttributeError"),
+    ([conversation(1)] * 6, ["recovery.data._target_=mylab.sources.PackagedJson"],
+     "is not a prunebench.recovery.data.RecoveryData subclass"),
+    ([conversation(1)] * 6, ["~recovery.data._target_"], r"recovery.data=\{'chat_template': .*\} has no _target_ naming "
+                                                        r"its class; give a name of \['alpaca', 'file', 'wikitext2', 'task'\]"),
+])
+def test_a_packages_bad_recovery_data_is_refused_before_the_model_loads(mylab, tmp_path, records, overrides, message):
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ConfigError, match=message):
+        validate(chat_cfg(path, *overrides))
 
 
 def test_the_packages_export_format_writes_a_checkpoint_that_loads_back_equal(mylab, store, tmp_path):

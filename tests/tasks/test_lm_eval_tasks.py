@@ -213,6 +213,36 @@ def test_mmlu_group_of_two_subjects_5_shot_weighted_by_size(loaded, data_files, 
     assert_same(ours, records, module, task, out)
 
 
+def test_fewshot_split_draws_examples_as_lm_evals_own_field(loaded, data_files, tmp_path):
+    """An entry's fewshot_split (a task whose train split is not at hand offline) draws the examples
+    as lm-eval does from a task YAML setting its own fewshot_split: boolq 2-shot from validation, no
+    train file given, against a user's YAML that includes lm-eval's boolq and sets the field."""
+    files = {"boolq": {"validation": data_files["boolq"]["validation"]}}
+    with pytest.raises(ConfigError, match=r"split\(s\) \['train'\]"):  # lm-eval's own rule reads train
+        our_tasks("task.lm_eval=[boolq]", files_override(files), "task.num_fewshot=2")
+    (task,) = our_tasks("task.lm_eval=[{task:boolq,fewshot_split:validation}]", files_override(files),
+                        "task.num_fewshot=2").values()
+    ours, records, module = run_ours(loaded, task)
+    import lm_eval.tasks
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    boolq = Path(lm_eval.tasks.__file__).parent / "super_glue" / "boolq" / "default.yaml"
+    (tmp_path / "boolq.yaml").write_text(f"include: {boolq}\nfewshot_split: validation\n")
+    manager = TaskManager(include_defaults=False, include_path=[str(tmp_path)])
+    manager._factory = local_factory(LocalData(data_files=files, num_fewshot=2), manager.metadata)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2, max_length=loaded.max_length)
+    out = simple_evaluate(model=lm, tasks=["boolq"], task_manager=manager, num_fewshot=2, bootstrap_iters=BOOTSTRAP,
+                          log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234)
+    theirs = reference_docs(out, "boolq")
+    built: dict[int, list] = {}  # our requests as lm-eval's Task built them, per document in choice order
+    for inst in sorted(task.leaves["boolq"].instances, key=lambda i: (i.doc_id, i.idx)):
+        built.setdefault(inst.doc_id, []).append(tuple(inst.arguments))
+    assert theirs and [built[s["doc_id"]] for s in theirs] == [[tuple(a) for a in s["arguments"]] for s in theirs]
+    assert_same(ours, records, module, task, out)
+
+
 def test_gsm8k_5_shot_generation_both_filters(loaded, data_files):
     (task,) = our_tasks("task.lm_eval=[gsm8k]", files_override(data_files), "task.num_fewshot=3").values()
     assert task.metrics == ["exact_match_strict-match", "exact_match_flexible-extract"]

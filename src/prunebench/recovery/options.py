@@ -74,13 +74,13 @@ def check_recovery(cfg: DictConfig, context: int | None, deferred: list[str] | N
             data.check()
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(str(err)) from None
-    if rec.n_samples is not None and data.records_file():
-        log.warning("recovery.n_samples=%s is read only for text (windows drawn from it); the instruction records of "
+    if rec.n_samples is not None and data.records:
+        log.warning("recovery.n_samples=%s is read only for text (windows drawn from it); the records of "
                     "recovery.data=%s are each one example, all of them used: n_samples has no effect here",
-                    rec.n_samples, rec.data)
+                    rec.n_samples, data.name)
     shared = {name: ids for name, task in (tasks or {}).items() if (ids := data.data_ids() & task_data_ids(task))}
     if shared and not rec.get("allow_eval_split", False):
-        raise ConfigError(f"recovery.data={rec.data} trains on data that is evaluated ({shared}): the recovered model "
+        raise ConfigError(f"recovery.data={data.name} trains on data that is evaluated ({shared}): the recovered model "
                           f"would be scored on what it was trained on; train on another split or source, or set "
                           f"recovery.allow_eval_split=true to do it anyway")
     if rec.parameters == "lora" and config:

@@ -13,11 +13,11 @@ from prunebench.api.task_keys import lm_eval_entries
 # The protocol a task definition under task.tasks follows: lm-evaluation-harness's prompts and scoring.
 NATIVE_PROTOCOL = "lm_eval"
 LM_EVAL_TASK = "prunebench.tasks.lm_eval_task.LmEvalTask"
-LM_EVAL_ENTRY_KEYS = {"task", "name", "num_fewshot", "primary"}
+LM_EVAL_ENTRY_KEYS = {"task", "name", "num_fewshot", "primary", "fewshot_split"}
 
 
 def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
-    """`task.lm_eval`'s entries (lm-eval names, or {task, name, num_fewshot, primary}) as task
+    """`task.lm_eval`'s entries (lm-eval names, or {task, name, num_fewshot, primary, fewshot_split}) as task
     definitions, with the options the task config shares (conf/task_library/_lm_eval.yaml) and data_dir."""
     entries = lm_eval_entries(OmegaConf.to_container(cfg.task.lm_eval, resolve=True)
                               if OmegaConf.is_config(cfg.task.get("lm_eval")) else cfg.task.get("lm_eval"))

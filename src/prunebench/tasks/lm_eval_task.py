@@ -99,7 +99,9 @@ class LmEvalTask:
     """`task`: the lm-eval name (default: `name`). `num_fewshot`: lm-eval's --num_fewshot (None: the
     task's own; a task whose config fixes 0 keeps 0, as lm-eval does). `primary`: the metric the
     average and stability use (default: the first). `include_path`: folders of the user's lm-eval
-    YAML. `data_dir` / `data_files`: local files instead of the hub (lm_eval_data.py)."""
+    YAML. `data_dir` / `data_files`: local files instead of the hub (lm_eval_data.py). `fewshot_split`:
+    the split few-shot examples are drawn from, lm-eval's task field of that name (None: the task's own
+    rule), for a task whose own split is not at hand offline (ARC's train split)."""
 
     lower_is_better = False
     grouped = False
@@ -110,12 +112,12 @@ class LmEvalTask:
     def __init__(self, name: str, task: str | None = None, num_fewshot: int | None = None, primary: str | None = None,
                  include_path: list[str] | str | None = None, data_dir: str | None = None,
                  data_files: dict | None = None, fewshot_seed: int = FEWSHOT_SEED,
-                 bootstrap_iters: int = BOOTSTRAP_ITERS):
+                 bootstrap_iters: int = BOOTSTRAP_ITERS, fewshot_split: str | None = None):
         self.name, self.lm_eval_name = name, task or name
         self.num_fewshot, self.fewshot_seed, self.bootstrap_iters = num_fewshot, fewshot_seed, bootstrap_iters
         paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
         self.include_path = tuple(str(p) for p in paths)
-        self.local = LocalData(data_dir, data_files, num_fewshot)
+        self.local = LocalData(data_dir, data_files, num_fewshot, fewshot_split)
         self._primary = primary
         self.leaves: dict = {}
         self.groups: dict = {}
@@ -130,7 +132,8 @@ class LmEvalTask:
         if self.leaves:
             return
         key = json.dumps([self.name, self.lm_eval_name, self.num_fewshot, self.include_path, self.local.data_dir,
-                          self.local.data_files, self.fewshot_seed, self.bootstrap_iters], sort_keys=True, default=str)
+                          self.local.data_files, self.local.fewshot_split, self.fewshot_seed, self.bootstrap_iters],
+                         sort_keys=True, default=str)
         notes = plan_notes()
         if notes is None:
             self._build()
