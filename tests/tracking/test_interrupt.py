@@ -3,7 +3,9 @@ the parent closes with the real counts once no cell is alive (by `prunebench-sta
 sweep in the experiment), and a cell never started is shown `left`, never `running` with an ETA.
 
 A sweep is killed mid-job as tests/test_claim.py kills a worker: once a job's run is in the store with
-its parameters, while the test holds the store's write lock, so the job cannot end first."""
+its parameters, while the test holds the store's write lock, so the job cannot end first. To reach one
+phase of a job (launch, load, score, recovery, evaluation, logging) and no other, the sweep runs under
+helpers/paused_sweep.py, which holds it there until the signal comes."""
 
 from __future__ import annotations
 
