@@ -31,10 +31,16 @@ GRID = [*TINY_MC, "pruner=magnitude", "tracking.ensure_dense=false", "tracking.c
 HANG_GUARD_S = 300
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl-C reaches the sweep as from a terminal, also where the tests run as a background job of a
+    non-interactive shell: its children start with SIGINT ignored, and Python keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_sweep(*overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "prunebench", "-m", *GRID, *overrides], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=as_from_a_terminal)
 
 
 def runs(uri: str):
@@ -197,7 +203,8 @@ def test_a_signal_in_any_phase_of_a_job_leaves_a_true_record(store, tmp_path, ca
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(PAUSED_SWEEP.parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(PAUSED_SWEEP), phase, str(marker), *GRID, *extra, "sparsity=0.1,0.2"],
-                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists():
         assert proc.poll() is None, f"the sweep ended (rc {proc.returncode}) before {phase}: {proc.stdout.read()[-4000:]}"
