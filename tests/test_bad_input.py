@@ -289,6 +289,14 @@ def test_bad_input_is_refused_before_any_model_loads(name, store, tmp_path, no_m
     assert_no_runs(store)
 
 
+def test_every_case_has_its_row_in_the_measured_table_of_docs_errors_md():
+    """scripts/error_cases.py runs these cases through the CLI; a case added without its row there is
+    a refusal whose message no reader of the docs sees."""
+    table = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text().partition("## The cases, measured")[2]
+    rows = {line.split(" | ")[0].removeprefix("| ") for line in table.splitlines() if line.startswith("| ")}
+    assert [name for name in CASES if name not in rows] == []
+
+
 @pytest.mark.process
 def test_unknown_experiment_is_refused_like_an_unknown_task(store):
     proc = subprocess.run([sys.executable, "-m", "prunebench", *TINY_MC[:1], "experiment=nope"],

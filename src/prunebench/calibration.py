@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+from collections.abc import Iterable, Iterator
 
 import torch
 from hydra.utils import get_class
@@ -24,6 +25,32 @@ SAMPLING = ("stream", "document")
 
 
 log = logging.getLogger(__name__)
+
+def piece_tokens(corpus: TextCorpus, tokenizer) -> Iterator[list[int]]:
+    """The corpus's tokens, a piece of its text at a time (`TextCorpus.pieces`)."""
+    for piece in corpus.pieces():
+        yield tokenizer.encode(piece, add_special_tokens=False)
+
+
+def cut_windows(pieces: Iterable[list[int]], starts: list[int], length: int) -> list[list[int]]:
+    """The windows [start, start + length) of the token stream that `pieces` give one after another,
+    in the order of `starts`. Only the tokens that a window not yet cut may need are kept: memory is
+    the windows', a piece's and one window's, whatever the stream's length."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    windows: list[list[int]] = [[] for _ in starts]
+    held, offset, done = [], 0, 0  # `held`: the stream's tokens from position `offset` on
+    for ids in pieces:
+        held += ids
+        end = offset + len(held)
+        while done < len(order) and starts[order[done]] + length <= end:
+            at = starts[order[done]] - offset
+            windows[order[done]] = held[at:at + length]
+            done += 1
+        keep = min(starts[order[done]], end) if done < len(order) else end
+        del held[:keep - offset]
+        offset = keep
+    return windows
+
 
 class Calibration:
     """`samples(tokenizer)` -> LongTensor [n_samples, seq_len]; the same seed gives the same windows.
@@ -54,11 +81,17 @@ class Calibration:
         body = self.seq_len - len(prefix)
         rng = random.Random(self.seed)
         if self.sampling == "stream":
-            ids = tokenizer.encode(self.corpus.text(), add_special_tokens=False)
-            if len(ids) <= body:
-                raise ValueError(f"calib {self.name}: {len(ids)} tokens cannot fill one window of "
+            # the stream is read twice, a piece at a time: its length first (the starts are drawn in
+            # it), then the windows at those starts; a one-piece text is tokenized once
+            pieces = piece_tokens(self.corpus, tokenizer)
+            first = next(pieces, [])
+            count = len(first) + sum(len(ids) for ids in pieces)
+            if count <= body:
+                raise ValueError(f"calib {self.name}: {count} tokens cannot fill one window of "
                                  f"seq_len={self.seq_len}")
-            windows = [ids[s:s + body] for s in (rng.randrange(0, len(ids) - body) for _ in range(self.n_samples))]
+            starts = [rng.randrange(0, count - body) for _ in range(self.n_samples)]
+            windows = cut_windows([first] if count == len(first) else piece_tokens(self.corpus, tokenizer),
+                                  starts, body)
         else:
             windows = self.document_windows(tokenizer, body, rng)
         return torch.tensor([prefix + w for w in windows], dtype=torch.long)

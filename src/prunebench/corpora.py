@@ -65,6 +65,11 @@ class TextCorpus:
     def text(self) -> str:
         return self.separator.join(self.documents())
 
+    def pieces(self):
+        """The text in pieces whose tokens, one after another, are the whole text's: here one piece;
+        a large file's reader gives many, so that no reader of it holds the whole text's tokens."""
+        yield self.text()
+
 
 def universal(text: str) -> str:
     """Line ends as `read_text` gives them (universal newlines)."""
@@ -96,7 +101,7 @@ class TextFile(TextCorpus):
         return ["".join(self.pieces())]
 
     def pieces(self, size: int = 1 << 20):
-        """The plain text file's text in pieces of about `size` characters, each cut before a line end or
+        """A plain text file's text in pieces of about `size` characters, each cut before a line end or
         a space where one is near (so that the pieces' tokens are, but for a rare merge across a cut,
         those of the whole text; a text shorter than `size` is one piece), read `size`
         bytes at a time: memory stays that of a piece whatever the file's size, one line of 29 MB
@@ -104,6 +109,9 @@ class TextFile(TextCorpus):
         import codecs
 
         path = local_file(self.path, self.option)
+        if is_json(path):  # records: their texts joined
+            yield from super().pieces()
+            return
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset, lines, carry = 0, 0, ""
         with open(path, "rb") as handle:

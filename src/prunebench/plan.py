@@ -2,26 +2,31 @@
 
 A preset is hundreds of GPU-hours; before paying for them a user wants to see the grid it expands
 to, which jobs the store already holds (a FINISHED run with the job's run key, so a rerun skips
-them), what is left and what each remaining job costs. Every job is composed and validated as the
-sweep would (so a bad cell shows here, not an hour in) and no model, score or MLflow run is made:
-the store is only read, and a store that does not exist yet is not created."""
+them), what is left and what each remaining job costs: its cost class, and the time it may take,
+the median duration of the store's finished runs of the same setting (`timing`), or "unknown" where
+the store has none (nothing is guessed). Every job is composed and validated as the sweep would (so
+a bad cell shows here, not an hour in) and no model, score or MLflow run is made: the store is only
+read, and a store that does not exist yet is not created."""
 
 from __future__ import annotations
 
 import copy
 import tempfile
 from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.cache import content_key
 from prunebench.inputs import job_inputs
 from prunebench.tracking import store
 from prunebench.tracking.run_key import dense_config, is_dense, run_key
+from prunebench.tracking.tags import flatten, setting_tags
 
 DENSE = "(dense baseline)"
 
@@ -33,25 +38,69 @@ class PlannedJob:
     cost: str = ""
     note: str = ""
     serves: list[int] = field(default_factory=list)  # a dense baseline: the grid jobs it is the baseline of
+    durations: list[float] = field(default_factory=list)  # a left job's: its setting's finished runs', in s
+
+    @property
+    def estimate(self) -> str:
+        if self.status != "left":
+            return ""
+        if not self.durations:
+            return "unknown"
+        return f"~{readable(median(self.durations))} ({len(self.durations)} run{'s' * (len(self.durations) > 1)})"
 
 
-def finished_keys(uri: str, experiment: str) -> set[str]:
-    """Run keys with a FINISHED run, read only: a SQLite file or experiment that does not exist has none."""
+# what a job's duration depends on besides its sparsity and seed: a stored run with these equal is
+# the same work on the same kind of device (its scores computed or read from the cache aside)
+TIMING_TAGS = ("prunebench.model", "prunebench.task", "prunebench.pruner", "prunebench.protocol",
+               "prunebench.dtype", "prunebench.recovery")
+TIMING_PARAMS = ("limit", "bench.name", "trainer.accelerator", "trainer.devices", "model.device")
+
+
+def timing(tags: dict[str, str], params: dict[str, str]) -> tuple:
+    return (*(tags.get(t) for t in TIMING_TAGS), *(params.get(p) for p in TIMING_PARAMS))
+
+
+def job_timing(cfg: DictConfig) -> tuple:
+    """`timing` of a job not yet run: its tags and params as the job would log them (tags.py)."""
+    return timing(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in TIMING_PARAMS}))
+
+
+@dataclass
+class Finished:
+    """A store's FINISHED runs: their run keys, and their durations by `timing`."""
+
+    keys: set[str] = field(default_factory=set)
+    durations: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+def finished_runs(uri: str, experiment: str) -> Finished:
+    """Read only: a SQLite file or experiment that does not exist has none."""
     from mlflow.tracking import MlflowClient
 
+    finished = Finished()
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        return set()
+        return finished
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
-    keys, token = set(), None
+    token = None
     while found is not None:
         page = client.search_runs([found.experiment_id], "attributes.status = 'FINISHED'", max_results=1000,
                                   page_token=token)
-        keys |= {run.data.tags[store.KEY_TAG] for run in page if store.KEY_TAG in run.data.tags}
+        for run in page:
+            if store.KEY_TAG not in run.data.tags:  # a sweep's parent
+                continue
+            finished.keys.add(run.data.tags[store.KEY_TAG])
+            if run.info.end_time and run.info.start_time:
+                finished.durations[timing(run.data.tags, run.data.params)].append(
+                    (run.info.end_time - run.info.start_time) / 1000)
         token = page.token
         if not token:
             break
-    return keys
+    return finished
+
+
+def readable(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def size_class(model: DictConfig) -> str:
@@ -107,21 +156,23 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
             continue
         where = (store.tracking_uri(cfg.tracking.uri), cfg.tracking.experiment)
         if where not in finished:
-            finished[where] = finished_keys(*where)
+            finished[where] = finished_runs(*where)
         if key in by_key:
             jobs.append(PlannedJob(overrides, "repeat", note=f"same run key as #{by_key[key]}"))
             continue
         by_key[key] = len(jobs)
-        jobs.append(PlannedJob(overrides, "done" if key in finished[where] else "left",
-                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}", note="; ".join(deferred)))
+        jobs.append(PlannedJob(overrides, "done" if key in finished[where].keys else "left",
+                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}", note="; ".join(deferred),
+                               durations=finished[where].durations.get(job_timing(cfg), [])))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
             baseline = dense_config(cfg)
             dense.setdefault(run_key(baseline, inputs), (baseline, where, []))[2].append(len(jobs) - 1)
     for key, (cfg, where, serves) in dense.items():
         if key not in by_key:
             jobs.append(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
-                                   "done" if key in finished[where] else "left",
-                                   f"{size_class(cfg.model)}/{work_class(cfg, scored)}", serves=serves))
+                                   "done" if key in finished[where].keys else "left",
+                                   f"{size_class(cfg.model)}/{work_class(cfg, scored)}", serves=serves,
+                                   durations=finished[where].durations.get(job_timing(cfg), [])))
     return jobs
 
 
@@ -130,19 +181,26 @@ def format_plan(jobs: list[PlannedJob], title: str = "") -> str:
     grid = [j.overrides for j in jobs if j.overrides[:1] != [DENSE]]
     shared = [o for o in grid[0] if all(o in g for g in grid)] if grid else []
     width = max([len(j.cost) for j in jobs] + [4])
+    timed = max([len(j.estimate) for j in jobs] + [len("time")])
     lines = [f"plan{': ' + title if title else ''}", f"every job: {' '.join(shared) or '(no shared overrides)'}",
-             f"{'#':>4}  {'status':<7}  {'cost':<{width}}  overrides"]
+             f"{'#':>4}  {'status':<7}  {'cost':<{width}}  {'time':<{timed}}  overrides"]
     for i, job in enumerate(jobs):
         shown = " ".join(o for o in job.overrides if o not in shared)
         note = job.note or (f"baseline of {span(job.serves)}" if job.serves else "")
-        lines.append(f"{i:>4}  {job.status:<7}  {job.cost:<{width}}  {shown}" + (f"  [{note}]" if note else ""))
+        lines.append(f"{i:>4}  {job.status:<7}  {job.cost:<{width}}  {job.estimate:<{timed}}  {shown}"
+                     + (f"  [{note}]" if note else ""))
     status = Counter(j.status for j in jobs)
     dense = sum(j.overrides[:1] == [DENSE] for j in jobs)
-    left = Counter(j.cost for j in jobs if j.status == "left")
+    left = [j for j in jobs if j.status == "left"]
     lines.append(f"{len(jobs) - dense} grid jobs + {dense} dense baseline(s): {status['done']} done, "
                  f"{status['left']} left, {status['invalid']} invalid, {status['repeat']} repeated")
     if left:
-        lines.append("left by cost: " + ", ".join(f"{cost} x{n}" for cost, n in sorted(left.items())))
+        lines.append("left by cost: " + ", ".join(f"{cost} x{n}" for cost, n in sorted(Counter(j.cost for j in left).items())))
+        timed_left = [median(j.durations) for j in left if j.durations]
+        lines.append("time: the median duration of the store's finished runs of the job's model, task, pruner, "
+                     "recovery, limit, bench and device; " + (f"~{readable(sum(timed_left))} for {len(timed_left)} of the "
+                     f"{len(left)} left jobs, one at a time" if timed_left else "none of the left jobs has one")
+                     + (f", {len(left) - len(timed_left)} unknown" if timed_left and len(timed_left) < len(left) else ""))
     return "\n".join(lines)
 
 

@@ -37,15 +37,15 @@ class CharTokenizer:
         return {"input_ids": [1, *self.encode(text)]}
 
 
-def transient_bytes(path, tokenizer) -> tuple[int, int]:
-    """(Python memory at the peak beyond what the windows keep, the windows' count)."""
+def transient_bytes(windows) -> tuple[int, int]:
+    """(Python memory at the peak of `windows()` beyond what the windows it returns keep, their count)."""
     tracemalloc.start()
     try:
-        windows = streamed_windows(TextFile(str(path), option="recovery.path"), tokenizer, 128)
+        made = windows()
         kept, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    return peak - kept, len(windows)
+    return peak - kept, len(made)
 
 
 def test_a_one_line_text_is_tokenized_in_pieces_whatever_its_size(tmp_path, monkeypatch):
@@ -58,7 +58,8 @@ def test_a_one_line_text_is_tokenized_in_pieces_whatever_its_size(tmp_path, monk
         path = tmp_path / f"one_line_{megabytes}.txt"
         path.write_text(words * (megabytes * (1 << 20) // len(words)))  # no line end at all
         tokenizer = CharTokenizer()
-        extra, count = transient_bytes(path, tokenizer)
+        extra, count = transient_bytes(lambda: streamed_windows(TextFile(str(path), option="recovery.path"),
+                                                                tokenizer, 128))
         assert count == path.stat().st_size // 127
         assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
         sizes[megabytes] = extra
@@ -77,6 +78,47 @@ def test_pieces_give_the_windows_of_the_whole_text(tmp_path):
     corpus.pieces = lambda size=512, original=corpus.pieces: original(size)  # many pieces
     assert len(list(corpus.pieces())) > 10
     assert streamed_windows(corpus, tokenizer, 32) == whole
+
+
+def test_random_windows_of_a_large_one_line_text_are_cut_in_pieces_whatever_its_size(tmp_path, monkeypatch):
+    """recovery.n_samples on a text file: its windows at random starts, as calibration draws them."""
+    import prunebench.calibration as calibration
+
+    monkeypatch.setattr(calibration, "window_prefix", lambda tokenizer: [1])
+    words = "lorem ipsum dolor sit amet "
+    sizes = {}
+    for megabytes in (2, 20):
+        path = tmp_path / f"one_line_{megabytes}.txt"
+        path.write_text(words * (megabytes * (1 << 20) // len(words)))  # no line end at all
+        cfg = compose_cfg([*TINY_MC, "pruner=magnitude", "recovery=lora", "recovery.data=file", f"recovery.path={path}",
+                           "recovery.n_samples=16", "recovery.seq_len=128"])
+        tokenizer = CharTokenizer()
+        extra, count = transient_bytes(lambda: recovery_data(cfg).windows(tokenizer))
+        assert count == 16
+        assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
+        sizes[megabytes] = extra
+    # tokenized whole, the peak grew with the text (19 MB for 2 MB, 202 MB for 20 MB); in pieces it is
+    # two pieces' tokens and a piece's text at either size (28.5 MB both), so only how far a list had
+    # grown when the peak came can part them: a margin of half
+    assert sizes[20] < 1.5 * sizes[2], sizes
+
+
+def test_random_windows_from_pieces_are_those_of_the_whole_text(tmp_path):
+    import random
+
+    from prunebench.calibration import Calibration
+
+    text = "".join(f"Line {i}: the quick brown fox, café {i * 7}.\n" for i in range(300))
+    path = tmp_path / "lines.txt"
+    path.write_text(text)
+    tokenizer = tiny_tokenizer()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    rng = random.Random(3)  # the draw calibration made on the whole text's tokens
+    whole = [[tokenizer.bos_token_id, *ids[s:s + 31]] for s in (rng.randrange(0, len(ids) - 31) for _ in range(40))]
+    corpus = TextFile(str(path), option="recovery.path")
+    corpus.pieces = lambda size=512, original=corpus.pieces: original(size)  # many pieces
+    assert len(list(corpus.pieces())) > 10
+    assert Calibration(corpus, "recovery file", 40, 32, seed=3).samples(tokenizer).tolist() == whole
 
 
 def records(path, rows: list[dict]) -> str:

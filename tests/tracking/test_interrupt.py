@@ -3,7 +3,9 @@ the parent closes with the real counts once no cell is alive (by `prunebench-sta
 sweep in the experiment), and a cell never started is shown `left`, never `running` with an ETA.
 
 A sweep is killed mid-job as tests/test_claim.py kills a worker: once a job's run is in the store with
-its parameters, while the test holds the store's write lock, so the job cannot end first."""
+its parameters, while the test holds the store's write lock, so the job cannot end first. To reach one
+phase of a job (launch, load, score, recovery, evaluation, logging) and no other, the sweep runs under
+helpers/paused_sweep.py, which holds it there until the signal comes."""
 
 from __future__ import annotations
 
@@ -29,10 +31,16 @@ GRID = [*TINY_MC, "pruner=magnitude", "tracking.ensure_dense=false", "tracking.c
 HANG_GUARD_S = 300
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl-C reaches the sweep as from a terminal, also where the tests run as a background job of a
+    non-interactive shell: its children start with SIGINT ignored, and Python keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_sweep(*overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "prunebench", "-m", *GRID, *overrides], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=as_from_a_terminal)
 
 
 def runs(uri: str):
@@ -170,3 +178,47 @@ def test_ctrl_c_then_sigkill_mid_job_leaves_a_true_record(store, capsys, grace_s
     assert parent.info.status == "FAILED" and counts(parent)["finished"] == "1", out
     assert (counts(parent)["killed"], counts(parent)["left"]) == ("1", "1"), counts(parent)
     assert not [r for r in runs(store) if r.info.status == "RUNNING"]
+
+
+PAUSED_SWEEP = Path(__file__).resolve().parents[1] / "helpers" / "paused_sweep.py"
+# what each phase needs to be reached: a cached scorer on calibration text, a recovery's training
+PHASE_OVERRIDES = {"score": ["pruner=wanda", "pruner.sequential=false", "calib=file", "calib.n_samples=2",
+                             "calib.seq_len=16"],
+                   "recovery": ["recovery.max_steps=2"]}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("phase", ["launch", "load", "score", "recovery", "evaluation", "logging"])
+def test_a_signal_in_any_phase_of_a_job_leaves_a_true_record(store, tmp_path, capsys, phase, signum):
+    """The first of two cells is held in `phase` (helpers/paused_sweep.py) and sent `signum`; then
+    `prunebench-status`: no run RUNNING, the job's run KILLED (at launch it had none yet), its cell
+    killed, the cell never started `left`, and the parent closed FAILED with those counts."""
+    from helpers.recovery import TEXT, recovery_overrides
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40)
+    extra = {"score": [*PHASE_OVERRIDES["score"], f"calib.path={text}"],
+             "recovery": recovery_overrides(text, *PHASE_OVERRIDES["recovery"])}.get(phase, [])
+    marker = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(PAUSED_SWEEP.parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(PAUSED_SWEEP), phase, str(marker), *GRID, *extra, "sparsity=0.1,0.2"],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=as_from_a_terminal)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not marker.exists():
+        assert proc.poll() is None, f"the sweep ended (rc {proc.returncode}) before {phase}: {proc.stdout.read()[-4000:]}"
+        assert time.monotonic() < deadline, f"the sweep never reached {phase}"
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode != 0, out[-4000:]
+    rows, text_out = status_rows(capsys)
+    assert "ETA" not in text_out, text_out
+    (parent,) = sweeps(store)
+    job_runs = [r for r in runs(store) if r.data.tags.get("prunebench.sweep") != "true"]
+    assert [r.info.status for r in job_runs] == ([] if phase == "launch" else ["KILLED"]), out[-4000:]
+    assert rows == [("0", "killed"), ("1", "left")], text_out + out[-4000:]  # launched, then killed: at launch too
+    assert parent.info.status == "FAILED", text_out
+    assert {k: counts(parent)[k] for k in ("finished", "killed", "left", "running")} == {
+        "finished": "0", "killed": "1", "left": "1", "running": "0"}, text_out

@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from prunebench.api.errors import ConfigError
-from prunebench.calibration import Calibration
+from prunebench.calibration import Calibration, piece_tokens
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
 from prunebench.evaluation.encoding import window_prefix
@@ -77,15 +77,14 @@ def check_records(records: list, path: str) -> None:
 def streamed_windows(corpus, tokenizer, seq_len: int) -> list[list[int]]:
     """Consecutive windows as `token_windows` cuts the whole text's tokens (BOS first, then seq_len
     minus that many tokens, each token once, the last partial window dropped), the text tokenized a
-    piece at a time (`TextFile.pieces`): tokenized whole, a large text's every token and the
+    piece at a time (`TextCorpus.pieces`): tokenized whole, a large text's every token and the
     tokenizer's buffers for all of it were held at once; a piece's tokens are kept only until its
     windows are cut."""
     prefix = window_prefix(tokenizer)
     step = seq_len - len(prefix)
-    pieces = corpus.pieces() if hasattr(corpus, "pieces") else [corpus.text()]
     windows, pending = [], []
-    for piece in pieces:
-        pending += tokenizer.encode(piece, add_special_tokens=False)
+    for ids in piece_tokens(corpus, tokenizer):
+        pending += ids
         whole = len(pending) // step * step
         windows += [prefix + pending[start:start + step] for start in range(0, whole, step)]
         del pending[:whole]

@@ -24,11 +24,15 @@ def flatten(data, prefix: str = "") -> dict[str, str]:
 
 
 def job_tags(cfg: DictConfig, key: str, overrides: list[str]) -> dict[str, str]:
+    return {store.KEY_TAG: key, **setting_tags(cfg), "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides)}
+
+
+def setting_tags(cfg: DictConfig) -> dict[str, str]:
+    """The tags that say what the job computes (model, pruner, task, sparsity, ...), read from its
+    config alone: a plan matches a job to stored runs by them."""
     dense = is_dense(cfg)
-    return {store.KEY_TAG: key, "prunebench.model": cfg.model.name,
-            "prunebench.pruner": "none" if dense else cfg.pruner.name,
+    return {"prunebench.model": cfg.model.name, "prunebench.pruner": "none" if dense else cfg.pruner.name,
             "prunebench.task": cfg.task.name, "prunebench.sparsity": str(0.0 if dense else float(cfg.sparsity)),
-            "git.sha": store.git_sha(), "hydra.overrides": " ".join(overrides),
             # whose prompts and scoring ran (task.protocol: lm_eval, opencompass)
             **({"prunebench.protocol": cfg.task.protocol} if cfg.task.get("protocol") else {}),
             **({"prunebench.dtype": run_dtype(cfg.model)} if cfg.model.get("dtype") else {}),
