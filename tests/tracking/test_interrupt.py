@@ -187,8 +187,15 @@ PHASE_OVERRIDES = {"score": ["pruner=wanda", "pruner.sequential=false", "calib=f
                    "recovery": ["recovery.max_steps=2"]}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
-@pytest.mark.parametrize("phase", ["launch", "load", "score", "recovery", "evaluation", "logging"])
+# every phase once and every signal in more than one phase (not the 18 pairs: each is a sweep of its own):
+# Ctrl-C where Lightning's loops catch it (recovery's fit, evaluation's test) and at launch, SIGKILL where
+# nothing unwinds (load, evaluation, logging's writes), SIGTERM as a scheduler's first word (score, logging)
+PHASE_SIGNALS = [("launch", signal.SIGINT), ("load", signal.SIGKILL), ("score", signal.SIGTERM),
+                 ("recovery", signal.SIGINT), ("evaluation", signal.SIGINT), ("evaluation", signal.SIGKILL),
+                 ("logging", signal.SIGTERM), ("logging", signal.SIGKILL)]
+
+
+@pytest.mark.parametrize(("phase", "signum"), PHASE_SIGNALS, ids=[f"{p}-{s.name}" for p, s in PHASE_SIGNALS])
 def test_a_signal_in_any_phase_of_a_job_leaves_a_true_record(store, tmp_path, capsys, phase, signum):
     """The first of two cells is held in `phase` (helpers/paused_sweep.py) and sent `signum`; then
     `prunebench-status`: no run RUNNING, the job's run KILLED (at launch it had none yet), its cell
