@@ -20,13 +20,14 @@ import time
 
 import torch
 
+from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import SquareMeans, block_by_block, check_norm_sum, input_grams, replay
 from prunebench.pruners.masks import lowest_per_row, n_of_m
 from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import calibration_batches
 from prunebench.pruners.unstructured import (MODULES, MagnitudePruner, SparseGPTPruner, UnstructuredPruner,
-                                             WandaPruner, module_kind, sparsity_stats)
+                                             WandaPruner, Zeros, module_kind)
 
 BASES = {"wanda": WandaPruner, "sparsegpt": SparseGPTPruner, "magnitude": MagnitudePruner}
 
@@ -193,19 +194,22 @@ class DSnoTPruner(UnstructuredPruner):
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float) -> dict[str, float]:
-        targets = self.targets_by_block(loaded.model)
+        prefix, _ = transformer_blocks(loaded.model)
         totals = {"initial_s": 0.0, "cycles_s": 0.0, "regrown": 0, "pruned": 0}
+        zeros = Zeros()
 
         def prune_block(index, block, hiddens, calls):
-            if targets[index]:
-                moments = input_moments(block, targets[index], hiddens, calls, self.norm_sum)
-                grams = (input_grams(block, targets[index], hiddens, calls)
+            targets = self.block_targets(prefix, index, block)
+            if targets:
+                moments = input_moments(block, targets, hiddens, calls, self.norm_sum)
+                grams = (input_grams(block, targets, hiddens, calls)
                          if isinstance(self.base, SparseGPTPruner) else None)
-                for name, matrix in targets[index].items():
+                for name, matrix in targets.items():
                     self.prune_matrix(name, matrix, moments[name], grams, sparsity, totals)
+                zeros.add(targets)
 
         block_by_block(loaded.model, samples, prune_block, through_pruned=self.sequential)
-        stats = sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
+        stats = zeros.stats()
         return {**stats, "dsnot/initial_s": totals["initial_s"], "dsnot/cycles_s": totals["cycles_s"],
                 "dsnot/regrown": totals["regrown"] / max(totals["pruned"], 1)}
 
