@@ -94,7 +94,14 @@ def block_linears(model: torch.nn.Module, skip_layers=()) -> dict[str, torch.nn.
 
 
 def count_parameters(module: torch.nn.Module, nonzero: bool = False) -> int:
-    """All parameters, or only those not zero (what unstructured pruning leaves)."""
+    """All parameters, or only those not zero (what unstructured pruning leaves; an offloaded
+    module's counted on its device, one module at a time: models/offload.py)."""
+    from prunebench.models.offload import onloaded
+
     if nonzero:
-        return sum(int(torch.count_nonzero(p)) for p in module.parameters())
+        total = 0
+        for m in module.modules():
+            with onloaded(m, edits=False):
+                total += sum(int(torch.count_nonzero(p)) for p in m.parameters(recurse=False))
+        return total
     return sum(p.numel() for p in module.parameters())

@@ -15,7 +15,6 @@ in memory, read from a config on the `meta` device before any weights load."""
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -26,9 +25,13 @@ ONLOAD = ("none", "sequential", "auto")
 
 
 def offloaded_modules(module: nn.Module) -> list[nn.Module]:
-    from accelerate.utils import has_offloaded_params
-
     return [m for m in module.modules() if has_offloaded_params(m)]
+
+
+def has_offloaded_params(module: nn.Module) -> bool:
+    """accelerate offloads the module's own tensors (a model accelerate has not placed: never)."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook is not None and getattr(hook, "offload", False)
 
 
 def is_offloaded(model: nn.Module) -> bool:
@@ -82,14 +85,12 @@ def store(module: nn.Module) -> None:
             offload_weight(value, key, loader.save_folder, index=loader.index)
 
 
-def onload_map(model: nn.Module, device: str) -> dict[str, str]:
-    """accelerate's `device_map` for sequential onloading of `model` (built on `meta`): its decoder
-    blocks in host memory (`cpu`) when `device` is an accelerator, in the checkpoint's files (`disk`)
-    when `device` is the CPU; everything outside the blocks (embeddings, final norm, LM head) on
-    `device`, where it runs for every block's calibration and every evaluated token."""
-    from prunebench.models.introspection import transformer_blocks
-
-    prefix, blocks = transformer_blocks(model)
+def onload_map(model: nn.Module, prefix: str, blocks: int, device: str) -> dict[str, str]:
+    """accelerate's `device_map` for sequential onloading of `model` (built on `meta`; its `blocks`
+    decoder blocks at `prefix`, introspection.transformer_blocks): the blocks in host memory (`cpu`)
+    when `device` is an accelerator, in the checkpoint's files (`disk`) when `device` is the CPU;
+    everything outside the blocks (embeddings, final norm, LM head) on `device`, where it runs for
+    every block's calibration and every evaluated token."""
     away = "disk" if torch.device(device).type == "cpu" else "cpu"
     placement, path, parent = {}, "", model
     for part in prefix.split("."):
@@ -97,7 +98,7 @@ def onload_map(model: nn.Module, device: str) -> dict[str, str]:
             if name != part:
                 placement[f"{path}{name}"] = device
         path, parent = f"{path}{part}.", getattr(parent, part)
-    placement.update({f"{prefix}.{index}": away for index in range(len(blocks))})
+    placement.update({f"{prefix}.{index}": away for index in range(blocks)})
     return placement
 
 
@@ -118,7 +119,8 @@ class Footprint:
     """What one job holds in memory, in bytes, from its model's shapes: `weights` (all of them),
     `block` (the largest decoder block), `outside` (what is not in a block: embeddings, norm, head),
     `activations` (the calibration hidden states held between blocks: each sample's input and
-    output of a block, in the model's dtype) and `work` (the pruner's per-block statistics)."""
+    output of a block, in the model's dtype) and `work` (the pruner's per-block statistics; `pruner`
+    None: a dense job, which only evaluates)."""
 
     weights: int
     block: int
@@ -127,10 +129,9 @@ class Footprint:
     work: int
 
     @classmethod
-    def of(cls, model: nn.Module, dtype: torch.dtype, samples: int, seq_len: int, pruner) -> Footprint:
-        from prunebench.models.introspection import transformer_blocks
-
-        _, blocks = transformer_blocks(model)
+    def of(cls, model: nn.Module, blocks: list[nn.Module], dtype: torch.dtype, samples: int, seq_len: int,
+           pruner) -> Footprint:
+        """`model` on `meta` and its decoder `blocks`, at `dtype`."""
         size = torch.empty((), dtype=dtype).element_size()
         per_block = [sum(p.numel() for p in block.parameters()) * size for block in blocks]
         weights = sum(p.numel() for p in model.parameters()) * size
@@ -138,7 +139,8 @@ class Footprint:
         linears = [m for m in blocks[0].modules() if isinstance(m, nn.Linear)]
         return cls(weights=weights, block=max(per_block), outside=weights - sum(per_block),
                    activations=2 * samples * seq_len * hidden * size,
-                   work=pruner.block_work_bytes([(m.out_features, m.in_features) for m in linears], size))
+                   work=0 if pruner is None else pruner.block_work_bytes(
+                       [(m.out_features, m.in_features) for m in linears], size))
 
     @property
     def onloaded(self) -> int:
@@ -153,7 +155,7 @@ class Footprint:
 
 
 def gb(size: int) -> str:
-    return f"{size / 1e9:.2f} GB"
+    return f"{size / 1e9:.3g} GB"
 
 
 def free_bytes(device: str) -> int:
@@ -181,8 +183,3 @@ def decide(onload: str, footprint: Footprint, budget: int, device: str) -> bool:
             f"activations {gb(footprint.activations)}, the pruner's statistics {gb(footprint.work)}; the budget is "
             f"{gb(budget)} (pruning.memory_gb, or {device}'s free memory when null)")
     return onloads
-
-
-def ceil_gb(size: int) -> int:
-    """Whole GB, rounded up, as a scheduler's memory request takes them."""
-    return math.ceil(size / 1e9)

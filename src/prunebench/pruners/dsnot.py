@@ -167,6 +167,10 @@ class DSnoTPruner(UnstructuredPruner):
     needs_calibration = True
     cacheable = False
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        """The base's statistics (a sparsegpt base's Hessians) and three float64 moments per input."""
+        return self.base.block_work_bytes(shapes, size) + sum(3 * cols * 8 for _, cols in shapes)
+
     def __init__(self, name: str = "dsnot", base: str = "wanda", max_cycles: int = 50, update_threshold: float = 0.1,
                  pow_of_var_regrowing: float = 1.0, same_sign: bool = False,
                  repair_modules: list[str] = ("attention",), damp: float = 0.01, sequential: bool = True,

@@ -79,6 +79,9 @@ class OWLPruner(Pruner):
     needs_calibration = True
     unscored = frozenset({"name", "base", "base_options", "lamda", "sequential"})
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        return self.base.block_work_bytes(shapes, size)
+
     def __init__(self, name: str = "owl", base: str = "wanda", m: float = 5.0, lamda: float = 0.08,
                  base_options: dict | None = None, modules: list[str] = MODULES, skip_layers: list[int] = (),
                  tower: str = "language", sequential: bool = True, norm_sum: str = "release"):
@@ -105,6 +108,7 @@ class OWLPruner(Pruner):
                              ": leave pruner.sequential=true")
         cls, self.base_scores = BASES[base]
         self.base = cls(modules=modules, skip_layers=skip_layers, tower=tower, **options)
+        self.onload_refusal = self.base.onload_refusal
         if getattr(self.base, "sequential", False):
             self.base_scores = "samples"
         self.m, self.lamda, self.modules = float(m), float(lamda), list(modules)

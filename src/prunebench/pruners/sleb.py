@@ -99,6 +99,7 @@ class SLEBPruner(LayerPruner):
 
     families = frozenset({"causal_lm"})
     needs_calibration = True
+    onload_refusal = ""
 
     def __init__(self, name: str = "sleb", max_fraction: float = 0.5, early_barrier: int = 1,
                  latter_barrier: int = 1, tower: str = "language"):

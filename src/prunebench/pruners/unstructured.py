@@ -53,6 +53,8 @@ class UnstructuredPruner(Pruner):
         if mask_rule not in MASK_RULES:
             raise ValueError(f"pruner.mask_rule={mask_rule!r} is not one of {list(MASK_RULES)}")
         self.pattern, self.scope, self.mask_rule = parse_pattern(pattern), scope, mask_rule
+        self.onload_refusal = ("pruner.scope=global ranks every block's weights together, so all blocks would be "
+                               "on the device at once; use scope=layer or row" if scope == "global" else "")
 
     def check(self, sparsity: float) -> None:
         if self.pattern:
@@ -288,6 +290,12 @@ class SparseGPTPruner(UnstructuredPruner):
 
     def score(self, loaded: LoadedModel, calib=None) -> list[dict[str, torch.Tensor]]:
         return calibration_batches(loaded, calib, 1)
+
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        """Every matrix's float64 Hessian at once (input_grams), and for the widest the Cholesky
+        factors' two more and the float64 copy of its weights under update."""
+        grams = [cols * cols * 8 for _, cols in shapes]
+        return sum(grams) + 2 * max(grams) + max(rows * cols * 8 for rows, cols in shapes)
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float,
