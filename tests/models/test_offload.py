@@ -121,7 +121,7 @@ def test_jobs_on_an_onloaded_and_a_cpu_disk_placed_model_predict_as_the_in_memor
     onloaded_metrics = run(onloaded_cfg)
     placed_cfg = job(checkpoint, *common)
     with open_dict(placed_cfg):
-        placed_cfg.model.device_map = placed
+        placed_cfg.model.device_map = dict(placed)
     placed_metrics = run(placed_cfg)
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("prunebench").experiment_id],

@@ -65,6 +65,21 @@ def onloaded(module: nn.Module, edits: bool = True):
             m._hf_hook.post_forward(m, None)
 
 
+@contextmanager
+def left_in_place(model: nn.Module):
+    """A model accelerate placed (its `hf_device_map`) kept where its hooks put it while a caller moves
+    the module holding it: Lightning moves the whole LightningModule to one device before testing and
+    back after, which would copy an offloaded (`meta`) tensor, or gather a model spread over GPUs."""
+    if getattr(model, "hf_device_map", None) is None:
+        yield
+        return
+    model._apply = lambda fn, recurse=True: model  # what Module.to and .cpu call on each child
+    try:
+        yield
+    finally:
+        del model._apply
+
+
 def store(module: nn.Module) -> None:
     """Each tensor the hook of `module` offloads, as the module holds it now, into the hook's store:
     host memory (a state dict) or a `.dat` file in the offload folder, whose index entry then names
