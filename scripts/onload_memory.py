@@ -1,0 +1,144 @@
+"""Peak host memory of a job pruning a model onloaded from disk, against the weights' bytes and one
+block's, under an address-space cap (`ulimit -v`) that the whole model breaks.
+
+    nice -n 19 .venv/bin/python scripts/onload_memory.py [--layers 24 --hidden 1024 --intermediate 2816]
+
+Builds a synthetic Llama (random fp32 weights, safetensors shards about one block each, a tokenizer
+trained in process) in a temporary folder, then runs whole jobs (prune, evaluate 5 multiple-choice
+documents, log to a throwaway MLflow store), each in a fresh process:
+- the floor: the same onloaded job on a 2-block copy of the model (the libraries, Lightning, MLflow
+  and two blocks), uncapped; its address-space peak (VmPeak) sets the cap;
+- wanda and sparsegpt with pruning.onload=sequential, under RLIMIT_AS = the floor's VmPeak + `--margin`
+  MB, less than the weights' bytes;
+- the same wanda job with pruning.onload=none under that cap: the whole model must be loaded, and is not.
+Each line gives the job's VmHWM (`memory/peak_host_gb`, the resident high-water mark) and VmPeak, in GB."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "mc_questions.jsonl"
+
+
+def vm(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def build(folder: Path, layers: int, hidden: int, intermediate: int) -> dict:
+    """The checkpoint, written block by block as shards of about one block; its bytes."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from prunebench.models.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
+                         max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    block = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    model.save_pretrained(folder, max_shard_size=f"{int(block * 1.05 / 1e6)}MB")
+    tokenizer.save_pretrained(folder)
+    generator = torch.Generator().manual_seed(0)  # many distinct tokens: SparseGPT's Hessians of full rank
+    letters = "abcdefghijklmnopqrstuvwxyz ,.;:!?0123456789    "
+    (folder.parent / "calib.txt").write_text(
+        "".join(letters[i] for i in torch.randint(len(letters), (40000,), generator=generator).tolist()))
+    return {"weights": sum(p.numel() * 4 for p in model.parameters()), "block": block}
+
+
+def job(folder: str, pruner: str, onload: str, store: str) -> None:
+    """One job in this process; prints its numbers as JSON on the last line."""
+    from hydra import compose, initialize_config_dir
+
+    from prunebench.job import run
+    from prunebench.paths import CONF_DIR
+
+    overrides = ["model=hf_causal", f"model.path={folder}", "model.name=synthetic", f"pruner={pruner}",
+                 "sparsity=0.5", "task=local_mc", f"task.tasks.local_mc.source.path={FIXTURE}",
+                 "calib=file", f"calib.path={Path(folder).parent / 'calib.txt'}", "calib.n_samples=8",
+                 "calib.seq_len=128", f"pruning.onload={onload}",
+                 f"tracking.uri=sqlite:///{store}/mlflow.db", "tracking.ensure_dense=false",
+                 "tracking.skip_existing=false", "trainer.enable_progress_bar=false"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    try:
+        metrics = run(cfg, overrides)
+        out = {"ok": True, "acc": metrics["local_mc/acc"], "sparsity": metrics["sparsity/actual"],
+               "peak_host_gb": metrics["memory/peak_host_gb"]}
+    except BaseException as err:  # noqa: BLE001 (a capped job's failure is the measurement)
+        out = {"ok": False, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]}
+    out.update(vm_hwm_gb=vm("VmHWM") / 1e9, vm_peak_gb=vm("VmPeak") / 1e9)
+    print(json.dumps(out), flush=True)
+
+
+def child(folder: Path, pruner: str, onload: str, cap: int | None) -> dict:
+    def limit():
+        os.nice(19)
+        if cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "2",
+           "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with tempfile.TemporaryDirectory() as store:
+        done = subprocess.run([sys.executable, __file__, "--job", str(folder), pruner, onload, store],
+                              capture_output=True, text=True, preexec_fn=limit, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        return json.loads(lines[-1])
+    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"ok": False, "error": f"exit {done.returncode}: {tail[:200]}", "vm_hwm_gb": float("nan"),
+            "vm_peak_gb": float("nan")}
+
+
+def line(name: str, result: dict, sizes: dict, floor: float) -> str:
+    if not result["ok"]:
+        return f"{name:<28} FAILED: {result['error']}"
+    above = result["vm_hwm_gb"] * 1e9 - floor
+    return (f"{name:<28} peak {result['vm_hwm_gb']:5.2f} GB (VmPeak {result['vm_peak_gb']:5.2f}); above the floor "
+            f"{above / 1e9:5.3f} GB = {above / sizes['block']:4.2f} blocks = {above / sizes['weights']:4.2f} x the "
+            f"weights; sparsity {result['sparsity']:.3f}, acc {result['acc']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--intermediate", type=int, default=2816)
+    parser.add_argument("--margin", type=int, default=600, help="MB of address space above the floor's VmPeak")
+    parser.add_argument("--job", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        return job(*args.job)
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = build(Path(tmp) / "model", args.layers, args.hidden, args.intermediate)
+        build(Path(tmp) / "floor", 2, args.hidden, args.intermediate)
+        print(f"synthetic Llama: {args.layers} blocks, hidden {args.hidden}, MLP {args.intermediate}; fp32 weights "
+              f"{sizes['weights'] / 1e9:.3f} GB, one block {sizes['block'] / 1e9:.4f} GB; calibration 8 x 128 tokens "
+              f"(activations {2 * 8 * 128 * args.hidden * 4 / 1e6:.1f} MB)", flush=True)
+        floor = child(Path(tmp) / "floor", "wanda", "sequential", None)
+        floor_rss = floor["vm_hwm_gb"] * 1e9
+        cap = int(floor["vm_peak_gb"] * 1e9) + args.margin * 1_000_000
+        print(f"floor (the same job on 2 blocks, uncapped): peak {floor['vm_hwm_gb']:.2f} GB resident, "
+              f"VmPeak {floor['vm_peak_gb']:.2f} GB of address space", flush=True)
+        print(f"cap: RLIMIT_AS (ulimit -v) = {cap / 1e9:.2f} GB, {args.margin} MB above the floor's VmPeak, "
+              f"{cap / 1e9 - floor['vm_peak_gb']:.2f} GB < the weights' {sizes['weights'] / 1e9:.2f} GB", flush=True)
+        for pruner, onload in (("wanda", "sequential"), ("sparsegpt", "sequential"), ("wanda", "none")):
+            result = child(Path(tmp) / "model", pruner, onload, cap)
+            print(line(f"{pruner} onload={onload}", result, sizes, floor_rss), flush=True)
+
+
+if __name__ == "__main__":
+    main()
