@@ -1,27 +1,33 @@
 """Peak host memory of a job pruning a model onloaded from disk, against the weights' bytes and one
-block's, under an address-space cap (`ulimit -v`) that the whole model breaks.
+block's, under a memory cap that the whole model breaks.
 
     nice -n 19 .venv/bin/python scripts/onload_memory.py [--layers 24 --hidden 1024 --intermediate 2816]
 
-Builds a synthetic Llama (random fp32 weights, safetensors shards about one block each, a tokenizer
-trained in process) in a temporary folder, then runs whole jobs (prune, evaluate 5 multiple-choice
-documents, log to a throwaway MLflow store), each in a fresh process:
+Builds a synthetic Llama (random fp32 weights, safetensors shards of about one block each, a
+tokenizer trained in process) in a temporary folder, then runs whole jobs (prune, evaluate 5
+multiple-choice documents, log to a throwaway MLflow store), each in a fresh process:
 - the floor: the same onloaded job on a 2-block copy of the model (the libraries, Lightning, MLflow
-  and two blocks), uncapped; its address-space peak (VmPeak) sets the cap;
-- wanda and sparsegpt with pruning.onload=sequential, under RLIMIT_AS = the floor's VmPeak + `--margin`
-  MB, less than the weights' bytes;
+  and two blocks), uncapped; its resident peak (VmHWM) sets the cap;
+- wanda and sparsegpt with pruning.onload=sequential, under a cap of the floor + `--margin` MB, less
+  than the weights' bytes;
 - the same wanda job with pruning.onload=none under that cap: the whole model must be loaded, and is not.
-Each line gives the job's VmHWM (`memory/peak_host_gb`, the resident high-water mark) and VmPeak, in GB."""
+
+The cap is on the resident set, as a cgroup's memory.max is: a watchdog reads the job's VmRSS every
+10 ms and kills it above the cap. `ulimit -v` (RLIMIT_AS) and `ulimit -d` (RLIMIT_DATA) cannot
+serve: from_pretrained maps every safetensors shard at once while it loads (transformers'
+modeling_utils, `safe_open(..., backend="mmap")` per file), which both limits count in full though
+no page is read, so an onloaded job under either fails in from_pretrained with a resident set of
+about 1.1 GB. Each line gives the job's VmHWM (what a job logs as `memory/peak_host_gb`), in GB."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,35 +85,51 @@ def job(folder: str, pruner: str, onload: str, store: str) -> None:
         out = {"ok": True, "acc": metrics["local_mc/acc"], "sparsity": metrics["sparsity/actual"],
                "peak_host_gb": metrics["memory/peak_host_gb"]}
     except BaseException as err:  # noqa: BLE001 (a capped job's failure is the measurement)
+        while err.__cause__ is not None:  # the loader's own error, not Hydra's wrapping of it
+            err = err.__cause__
         out = {"ok": False, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]}
-    out.update(vm_hwm_gb=vm("VmHWM") / 1e9, vm_peak_gb=vm("VmPeak") / 1e9)
+    out.update(vm_hwm_gb=vm("VmHWM") / 1e9)
     print(json.dumps(out), flush=True)
 
 
-def child(folder: Path, pruner: str, onload: str, cap: int | None) -> dict:
-    def limit():
-        os.nice(19)
-        if cap:
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+def resident(pid: int) -> int:
+    """VmRSS of process `pid`, in bytes (0 once it has gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "2",
+
+def child(folder: Path, pruner: str, onload: str, cap: int | None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "2",
            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    with tempfile.TemporaryDirectory() as store:
-        done = subprocess.run([sys.executable, __file__, "--job", str(folder), pruner, onload, store],
-                              capture_output=True, text=True, preexec_fn=limit, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    with tempfile.TemporaryDirectory() as store, tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen([sys.executable, __file__, "--job", str(folder), pruner, onload, store],
+                                stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=lambda: os.nice(19))
+        killed = 0
+        while proc.poll() is None:
+            rss = resident(proc.pid)
+            if cap and rss > cap:
+                proc.kill()
+                killed = rss
+            time.sleep(0.01)
+        out.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("{")]
+    if killed:
+        return {"ok": False, "error": f"killed by the watchdog: resident set {killed / 1e9:.2f} GB over the cap"}
     if lines:
         return json.loads(lines[-1])
-    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {"ok": False, "error": f"exit {done.returncode}: {tail[:200]}", "vm_hwm_gb": float("nan"),
-            "vm_peak_gb": float("nan")}
+    return {"ok": False, "error": f"exit {proc.returncode} without a result"}
 
 
 def line(name: str, result: dict, sizes: dict, floor: float) -> str:
     if not result["ok"]:
         return f"{name:<28} FAILED: {result['error']}"
     above = result["vm_hwm_gb"] * 1e9 - floor
-    return (f"{name:<28} peak {result['vm_hwm_gb']:5.2f} GB (VmPeak {result['vm_peak_gb']:5.2f}); above the floor "
+    return (f"{name:<28} peak {result['vm_hwm_gb']:5.2f} GB; above the floor "
             f"{above / 1e9:5.3f} GB = {above / sizes['block']:4.2f} blocks = {above / sizes['weights']:4.2f} x the "
             f"weights; sparsity {result['sparsity']:.3f}, acc {result['acc']:.2f}")
 
@@ -117,12 +139,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
-    parser.add_argument("--margin", type=int, default=600, help="MB of address space above the floor's VmPeak")
+    parser.add_argument("--margin", type=int, default=600, help="MB of resident memory above the floor's VmHWM")
     parser.add_argument("--job", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--keep", help="build the checkpoint in this folder and keep it")
     args = parser.parse_args()
     if args.job:
         return job(*args.job)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
         sizes = build(Path(tmp) / "model", args.layers, args.hidden, args.intermediate)
         build(Path(tmp) / "floor", 2, args.hidden, args.intermediate)
         print(f"synthetic Llama: {args.layers} blocks, hidden {args.hidden}, MLP {args.intermediate}; fp32 weights "
@@ -130,11 +154,10 @@ def main() -> None:
               f"(activations {2 * 8 * 128 * args.hidden * 4 / 1e6:.1f} MB)", flush=True)
         floor = child(Path(tmp) / "floor", "wanda", "sequential", None)
         floor_rss = floor["vm_hwm_gb"] * 1e9
-        cap = int(floor["vm_peak_gb"] * 1e9) + args.margin * 1_000_000
-        print(f"floor (the same job on 2 blocks, uncapped): peak {floor['vm_hwm_gb']:.2f} GB resident, "
-              f"VmPeak {floor['vm_peak_gb']:.2f} GB of address space", flush=True)
-        print(f"cap: RLIMIT_AS (ulimit -v) = {cap / 1e9:.2f} GB, {args.margin} MB above the floor's VmPeak, "
-              f"{cap / 1e9 - floor['vm_peak_gb']:.2f} GB < the weights' {sizes['weights'] / 1e9:.2f} GB", flush=True)
+        cap = floor_rss + args.margin * 1_000_000
+        print(f"floor (the same job on 2 blocks, uncapped): peak {floor['vm_hwm_gb']:.2f} GB resident", flush=True)
+        print(f"cap: resident set <= {cap / 1e9:.2f} GB, {args.margin} MB above the floor, less than the weights' "
+              f"{sizes['weights'] / 1e9:.2f} GB", flush=True)
         for pruner, onload in (("wanda", "sequential"), ("sparsegpt", "sequential"), ("wanda", "none")):
             result = child(Path(tmp) / "model", pruner, onload, cap)
             print(line(f"{pruner} onload={onload}", result, sizes, floor_rss), flush=True)

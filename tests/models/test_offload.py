@@ -164,3 +164,23 @@ def test_a_model_built_in_memory_cannot_onload():
     with pytest.raises(ConfigError) as err:
         run(cfg)
     assert "save it (save_pretrained) and use model=hf_causal model.path=FOLDER" in str(err.value)
+
+
+def test_a_plan_says_which_jobs_onload_and_the_memory_each_needs(checkpoint, calib_text, store):
+    from prunebench.plan import plan
+
+    base = ["model=hf_causal", f"model.path={checkpoint}", "model.name=tiny", "task=local_mc",
+            f"task.tasks.local_mc.source.path={MC_FIXTURE}", "pruner=sparsegpt", "sparsity=0.5", *calib_text(4),
+            "tracking.ensure_dense=false"]
+    # the tiny model onloaded: 1.21 MB (head and embeddings, two blocks, SparseGPT's Hessians); whole: 1.51 MB
+    jobs = plan([[*base, "pruning.onload=auto", "pruning.memory_gb=0.0013"],
+                 [*base, "pruning.onload=auto", "pruning.memory_gb=1", "seed=1"],
+                 [*base, "pruning.onload=auto", "pruning.memory_gb=0.001", "seed=2"],
+                 [*base, "pruning.onload=none"]], compose_cfg)
+    assert [job.status for job in jobs] == ["left", "left", "invalid", "repeat"]
+    assert "/onload " in jobs[0].cost and "/whole " in jobs[1].cost, [job.cost for job in jobs]
+    onloaded, whole = (float(job.cost.split(where)[1].removesuffix("GB"))
+                       for job, where in zip(jobs, ("/onload ", "/whole ")))
+    assert onloaded < 0.0013 < whole
+    assert "needs 0.00121 GB on cpu even onloaded" in jobs[2].note and "budget is 0.001 GB" in jobs[2].note
+    assert jobs[3].note == "same run key as #0"  # onloading or not, one job: pruning.* is a runtime field
