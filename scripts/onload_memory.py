@@ -7,17 +7,20 @@ Builds a synthetic Llama (random fp32 weights, safetensors shards of about one b
 tokenizer trained in process) in a temporary folder, then runs whole jobs (prune, evaluate 5
 multiple-choice documents, log to a throwaway MLflow store), each in a fresh process:
 - the floor: the same onloaded job on a 2-block copy of the model (the libraries, Lightning, MLflow
-  and two blocks), uncapped; its resident peak (VmHWM) sets the cap;
+  and two blocks), uncapped; its peak private memory (RssAnon) sets the cap;
 - wanda and sparsegpt with pruning.onload=sequential, under a cap of the floor + `--margin` MB, less
   than the weights' bytes;
 - the same wanda job with pruning.onload=none under that cap: the whole model must be loaded, and is not.
 
-The cap is on the resident set, as a cgroup's memory.max is: a watchdog reads the job's VmRSS every
-10 ms and kills it above the cap. `ulimit -v` (RLIMIT_AS) and `ulimit -d` (RLIMIT_DATA) cannot
-serve: from_pretrained maps every safetensors shard at once while it loads (transformers'
-modeling_utils, `safe_open(..., backend="mmap")` per file), which both limits count in full though
-no page is read, so an onloaded job under either fails in from_pretrained with a resident set of
-about 1.1 GB. Each line gives the job's VmHWM (what a job logs as `memory/peak_host_gb`), in GB."""
+The cap is on private memory (RssAnon), what a cgroup's memory.max cannot reclaim: a watchdog reads
+the job's /proc status every 10 ms and kills it above the cap. The checkpoint's pages that the job
+has mapped (RssFile) are the page cache's, which the kernel drops under pressure; they are shown
+apart. `ulimit -v` (RLIMIT_AS) and `ulimit -d` (RLIMIT_DATA) cannot serve: from_pretrained maps
+every safetensors shard at once while it loads (transformers' modeling_utils, `safe_open(...,
+backend="mmap")` per file), which both limits count in full though no page is read, so an onloaded
+job under either fails in from_pretrained with a resident set of about 1.1 GB. Each line gives the
+job's VmHWM (what a job logs as `memory/peak_host_gb`: private and mapped pages together) and the
+sampled peaks of RssAnon and RssFile, in GB."""
 
 from __future__ import annotations
 
@@ -92,15 +95,16 @@ def job(folder: str, pruner: str, onload: str, store: str) -> None:
     print(json.dumps(out), flush=True)
 
 
-def resident(pid: int) -> int:
-    """VmRSS of process `pid`, in bytes (0 once it has gone)."""
+def resident(pid: int) -> tuple[int, int]:
+    """RssAnon and RssFile of process `pid`, in bytes (0 once it has gone)."""
+    fields = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            if line.startswith(("RssAnon:", "RssFile:")):
+                fields[line.split(":")[0]] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return fields.get("RssAnon", 0), fields.get("RssFile", 0)
 
 
 def child(folder: Path, pruner: str, onload: str, cap: int | None) -> dict:
@@ -109,27 +113,30 @@ def child(folder: Path, pruner: str, onload: str, cap: int | None) -> dict:
     with tempfile.TemporaryDirectory() as store, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, __file__, "--job", str(folder), pruner, onload, store],
                                 stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=lambda: os.nice(19))
-        killed = 0
+        killed, anon_peak, file_peak = 0, 0, 0
         while proc.poll() is None:
-            rss = resident(proc.pid)
-            if cap and rss > cap:
+            anon, mapped = resident(proc.pid)
+            anon_peak, file_peak = max(anon_peak, anon), max(file_peak, mapped)
+            if cap and anon > cap:
                 proc.kill()
-                killed = rss
+                killed = anon
             time.sleep(0.01)
         out.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith("{")]
+    peaks = {"anon_gb": anon_peak / 1e9, "file_gb": file_peak / 1e9}
     if killed:
-        return {"ok": False, "error": f"killed by the watchdog: resident set {killed / 1e9:.2f} GB over the cap"}
+        return {"ok": False, "error": f"killed by the watchdog: private memory {killed / 1e9:.2f} GB over the cap", **peaks}
     if lines:
-        return json.loads(lines[-1])
-    return {"ok": False, "error": f"exit {proc.returncode} without a result"}
+        return {**json.loads(lines[-1]), **peaks}
+    return {"ok": False, "error": f"exit {proc.returncode} without a result", **peaks}
 
 
 def line(name: str, result: dict, sizes: dict, floor: float) -> str:
     if not result["ok"]:
         return f"{name:<28} FAILED: {result['error']}"
-    above = result["vm_hwm_gb"] * 1e9 - floor
-    return (f"{name:<28} peak {result['vm_hwm_gb']:5.2f} GB; above the floor "
+    above = result["anon_gb"] * 1e9 - floor
+    return (f"{name:<28} VmHWM {result['vm_hwm_gb']:5.2f} GB, private {result['anon_gb']:5.2f}, mapped "
+            f"{result['file_gb']:5.2f}; private above the floor "
             f"{above / 1e9:5.3f} GB = {above / sizes['block']:4.2f} blocks = {above / sizes['weights']:4.2f} x the "
             f"weights; sparsity {result['sparsity']:.3f}, acc {result['acc']:.2f}")
 
@@ -139,7 +146,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
-    parser.add_argument("--margin", type=int, default=600, help="MB of resident memory above the floor's VmHWM")
+    parser.add_argument("--margin", type=int, default=600, help="MB of private memory above the floor's")
     parser.add_argument("--job", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--keep", help="build the checkpoint in this folder and keep it")
     args = parser.parse_args()
@@ -153,11 +160,12 @@ def main() -> None:
               f"{sizes['weights'] / 1e9:.3f} GB, one block {sizes['block'] / 1e9:.4f} GB; calibration 8 x 128 tokens "
               f"(activations {2 * 8 * 128 * args.hidden * 4 / 1e6:.1f} MB)", flush=True)
         floor = child(Path(tmp) / "floor", "wanda", "sequential", None)
-        floor_rss = floor["vm_hwm_gb"] * 1e9
+        floor_rss = floor["anon_gb"] * 1e9
         cap = floor_rss + args.margin * 1_000_000
-        print(f"floor (the same job on 2 blocks, uncapped): peak {floor['vm_hwm_gb']:.2f} GB resident", flush=True)
-        print(f"cap: resident set <= {cap / 1e9:.2f} GB, {args.margin} MB above the floor, less than the weights' "
-              f"{sizes['weights'] / 1e9:.2f} GB", flush=True)
+        print(f"floor (the same job on 2 blocks, uncapped): VmHWM {floor['vm_hwm_gb']:.2f} GB, private "
+              f"{floor['anon_gb']:.2f}, mapped {floor['file_gb']:.2f}", flush=True)
+        print(f"cap: private memory <= {cap / 1e9:.2f} GB, {args.margin} MB above the floor's, less than the "
+              f"weights' {sizes['weights'] / 1e9:.2f} GB", flush=True)
         for pruner, onload in (("wanda", "sequential"), ("sparsegpt", "sequential"), ("wanda", "none")):
             result = child(Path(tmp) / "model", pruner, onload, cap)
             print(line(f"{pruner} onload={onload}", result, sizes, floor_rss), flush=True)
