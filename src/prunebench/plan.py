@@ -133,6 +133,23 @@ def work_class(cfg: DictConfig, scored: set[str]) -> str:
     return work + ("+latency" if cfg.bench.name != "none" else "")
 
 
+def memory_class(cfg: DictConfig) -> str:
+    """With pruning.onload set: whether the job onloads and the GB its device holds (`/onload 13.1GB`,
+    `/whole 146GB`: pruning.footprint); nothing where the option is `none` or the checkpoint's config
+    is not at hand (a hub id not cached: the job checks it when it starts)."""
+    from prunebench.models.checks import stated_config
+    from prunebench.pruning import footprint, onload_option, onloads
+
+    if onload_option(cfg) == "none":
+        return ""
+    config = stated_config(cfg.model, [])
+    if config is None:
+        return ""
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    need = footprint(cfg, config, pruner)
+    return f"/onload {need.onloaded / 1e9:.3g}GB" if onloads(cfg, pruner, config) else f"/whole {need.whole / 1e9:.3g}GB"
+
+
 def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> list[PlannedJob]:
     """The sweep's jobs in launch order, then the dense baselines they would evaluate first
     (`tracking.ensure_dense`) that are not grid jobs themselves."""
@@ -162,8 +179,8 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
             continue
         by_key[key] = len(jobs)
         jobs.append(PlannedJob(overrides, "done" if key in finished[where].keys else "left",
-                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}", note="; ".join(deferred),
-                               durations=finished[where].durations.get(job_timing(cfg), [])))
+                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}{memory_class(cfg)}",
+                               note="; ".join(deferred), durations=finished[where].durations.get(job_timing(cfg), [])))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
             baseline = dense_config(cfg)
             dense.setdefault(run_key(baseline, inputs), (baseline, where, []))[2].append(len(jobs) - 1)

@@ -4,18 +4,23 @@ model its run evaluated."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+import tempfile
 import time
 
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.calibration import calibration_config
 from prunebench.models.cache import get_model
-from prunebench.models.loaded import LoadedModel
+from prunebench.models.checks import stated_config
+from prunebench.models.introspection import transformer_blocks
+from prunebench.models.loaded import LoadedModel, resolve_dtype
+from prunebench.models.offload import ONLOAD, Footprint, decide, free_bytes, meta_model, onload_map
 from prunebench.pruners.base import Pruner
 from prunebench.pruners.score_cache import cached_scores
-from prunebench.tracking.run_key import identity
+from prunebench.tracking.run_key import identity, is_dense
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,9 @@ def prune(cfg: DictConfig, dense: bool, writer=None) -> tuple[LoadedModel, Prune
     """The model loaded and pruned as `cfg` says. Returns the model, the pruner, what pruning
     reported (numbers: metrics; words: tags, the score cache's state among them) and what the
     export `writer` (export/writer.Writer) takes of the model before pruning (None: no writer)."""
-    loaded = get_model(cfg.model)
     pruner = instantiate(cfg.pruner, _convert_="all")
+    onload = onloads(cfg, pruner)
+    loaded = get_model(cfg.model, placement(cfg, onload))
     before = writer.before_pruning(loaded.model) if writer is not None else None
     start = time.perf_counter()
     scores, stats = None, {}
@@ -52,7 +58,96 @@ def prune(cfg: DictConfig, dense: bool, writer=None) -> tuple[LoadedModel, Prune
     stats.update({} if dense else pruner.apply(loaded, scores, float(cfg.sparsity)))
     stats["time/apply_s"] = time.perf_counter() - start
     stats.setdefault("sparsity/actual", 0.0)
+    if onload_option(cfg) != "none":  # whether it onloaded (`auto` decides per job)
+        stats["prunebench.onload"] = "sequential" if onload else "none"
     return loaded, pruner, stats, before
+
+
+def onload_option(cfg: DictConfig) -> str:
+    """pruning.onload (a config from before the option has none: `none`)."""
+    return OmegaConf.select(cfg, "pruning.onload", default="none")
+
+
+def footprint(cfg: DictConfig, config, pruner) -> Footprint:
+    """What the job holds in memory, from the shapes of the model `config` describes (built on `meta`,
+    no weights read), the calibration's windows and the pruner's per-block statistics."""
+    from prunebench.api.model_keys import run_dtype
+
+    calib = calibration_config(cfg) if pruner.needs_calibration and not is_dense(cfg) else {}
+    samples, seq_len = int(calib.get("n_samples") or 0), int(calib.get("seq_len") or 0)
+    model = meta_model(config)
+    return Footprint.of(model, transformer_blocks(model)[1], resolve_dtype(run_dtype(cfg.model)), samples, seq_len,
+                        pruner if not is_dense(cfg) else None)
+
+
+def check_onload(cfg: DictConfig, config, pruner: Pruner) -> None:
+    """pruning.onload, before the model loads: a known value, a model read from its checkpoint files
+    by from_pretrained, a pruner that works block by block, and a budget one block at a time fits
+    (ValueError naming the numbers). `config`: the checkpoint's config (None: not read yet, a plan's
+    hub id, whose budget is checked when the job starts)."""
+    onload = onload_option(cfg)
+    if onload not in ONLOAD:
+        raise ValueError(f"pruning.onload={onload!r}: use one of {list(ONLOAD)} (sequential: the decoder blocks "
+                         f"stay in host memory or on disk and come to model.device one at a time; auto: so when "
+                         f"the whole model does not fit)")
+    if onload == "none":
+        return
+    memory = OmegaConf.select(cfg, "pruning.memory_gb")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
+        raise ValueError(f"pruning.memory_gb={memory!r} must be a positive number of GB, or null ({cfg.model.device}'s "
+                         f"free memory when the job starts)")
+    if cfg.model.get("device_map"):
+        raise ValueError(f"pruning.onload={onload} places the decoder blocks itself; leave model.device_map=null "
+                         f"(or place the model with model.device_map alone and pruning.onload=none)")
+    if "offload_folder" not in inspect.signature(get_method(cfg.model._target_)).parameters:
+        raise ValueError(f"pruning.onload={onload} reads each decoder block from the checkpoint's files through "
+                         f"from_pretrained; model={cfg.model.name!r} is loaded by {cfg.model._target_}, which builds it "
+                         f"another way: save it (save_pretrained) and use model=hf_causal model.path=FOLDER")
+    if not is_dense(cfg) and pruner.onload_refusal:
+        raise ValueError(f"pruner={cfg.pruner.name!r} cannot prune onloaded (pruning.onload={onload}): "
+                         f"{pruner.onload_refusal}; use pruning.onload=none on a device that holds the model")
+    if config is not None:
+        onloads(cfg, pruner, config)
+
+
+def onloads(cfg: DictConfig, pruner: Pruner, config=None) -> bool:
+    """Whether this job onloads: `sequential`, or `auto` where the whole job does not fit the budget
+    (pruning.memory_gb, else the device's free memory now); ValueError where one block at a time
+    does not fit either. `config`: the checkpoint's (read here when not given)."""
+    onload = onload_option(cfg)
+    if onload == "none":
+        return False
+    config = stated_config(cfg.model) if config is None else config
+    memory = OmegaConf.select(cfg, "pruning.memory_gb")
+    budget = int(memory * 1e9) if memory is not None else free_bytes(cfg.model.device)
+    return decide(onload, footprint(cfg, config, pruner), budget, str(cfg.model.device))
+
+
+def placement(cfg: DictConfig, onload: bool) -> dict | None:
+    """The loader's `offload_folder` for a model accelerate offloads (sequential onloading, or a
+    model.device_map with `disk` entries), where edited blocks' weights are written: pruning.offload_folder,
+    else a temporary folder removed at the next job; onloading, also its `device_map`, the blocks away
+    from model.device (models/offload.onload_map). None: the loader places the model as it always has."""
+    loader = inspect.signature(get_method(cfg.model._target_)).parameters
+    if not (onload or cfg.model.get("device_map")) or "offload_folder" not in loader:
+        return None
+    folder = OmegaConf.select(cfg, "pruning.offload_folder")
+    for done in _SCRATCH:  # the last job's, whose model is evaluated and gone
+        done.cleanup()
+    _SCRATCH.clear()
+    if folder is None:
+        scratch = tempfile.TemporaryDirectory(prefix="prunebench-onload-")
+        _SCRATCH.append(scratch)  # kept while the job runs: every forward reads the pruned blocks there
+        folder = scratch.name
+    if not onload:
+        return {"offload_folder": str(folder)}
+    model = meta_model(stated_config(cfg.model))
+    prefix, blocks = transformer_blocks(model)
+    return {"device_map": onload_map(model, prefix, len(blocks), str(cfg.model.device)), "offload_folder": str(folder)}
+
+
+# the temporary offload folder of this process's onloaded model (the running job's)
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
 
 
 def key_by_removed(cfg: DictConfig) -> None:
@@ -60,9 +155,6 @@ def key_by_removed(cfg: DictConfig) -> None:
     thing: the job is recorded at what it removes, so its run key, and the sweep's cell, are that
     model's, and a second ratio that removes it again is found FINISHED rather than run twice. Called
     on a validated config, before its run key is taken."""
-    from prunebench.models.checks import stated_config
-    from prunebench.tracking.run_key import is_dense
-
     if is_dense(cfg):
         return
     pruner = instantiate(cfg.pruner, _convert_="all")

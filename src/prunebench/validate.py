@@ -20,6 +20,7 @@ from prunebench.evaluation.numerics import lm_eval_rows
 from prunebench.export.writer import export_writer
 from prunebench.hub import deferring
 from prunebench.models.checks import check_generation_budget, check_model, check_model_folder, model_context, stated_config
+from prunebench.pruning import check_onload
 from prunebench.recovery.options import check_recovery
 from prunebench.tasks.build import build_tasks, built, check_tasks
 from prunebench.tracking import server
@@ -56,6 +57,10 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
         raise ConfigError(str(err)) from None
     config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for the checks below
     check_model_folder(cfg.model)
+    try:
+        check_onload(cfg, config, pruner)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if float(cfg.sparsity) > 0:
         try:
             pruner.check_config(config, float(cfg.sparsity))

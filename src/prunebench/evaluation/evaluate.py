@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from prunebench.api.metrics import readable
 from prunebench.evaluation.registry import evaluation
+from prunebench.models.offload import left_in_place
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,8 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
     # Lightning's own bar counts batches; ours counts documents, shown where Lightning's would be
     progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
-    results = trainer.test(module, datamodule=data, verbose=False)[0]
+    with left_in_place(loaded.model):
+        results = trainer.test(module, datamodule=data, verbose=False)[0]
     metrics = {key: readable(float(value)) for key, value in results.items()}
     truncated = getattr(data, "truncated", None)  # counted by the engines that cut prompts (loglikelihood, generation)
     if truncated is not None:

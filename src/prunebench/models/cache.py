@@ -30,13 +30,15 @@ from prunebench.models.loaded import LoadedModel
 _PRISTINE: dict[str, LoadedModel] = {}
 
 
-def get_model(model_cfg: DictConfig) -> LoadedModel:
+def get_model(model_cfg: DictConfig, placement: dict | None = None) -> LoadedModel:
+    """`placement`: the loader's `device_map` and `offload_folder` for sequential onloading
+    (pruning.onload), loaded afresh as a model placed by model.device_map is."""
     options = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if k not in PLANNING_KEYS}
     if "dtype" in options:
         options["dtype"] = run_dtype(model_cfg)
-    if model_cfg.get("device_map"):
+    if model_cfg.get("device_map") or placement:
         _PRISTINE.clear()
-        return instantiate(options, _convert_="all")
+        return instantiate({**options, **(placement or {})}, _convert_="all")
     key = OmegaConf.to_yaml(model_cfg, resolve=True)
     if key not in _PRISTINE:
         _PRISTINE.clear()  # a sweep over models keeps one in memory at a time

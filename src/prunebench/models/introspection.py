@@ -3,6 +3,8 @@ linear layers, its parameter count, and the one forward that takes a batch of an
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 
@@ -94,7 +96,14 @@ def block_linears(model: torch.nn.Module, skip_layers=()) -> dict[str, torch.nn.
 
 
 def count_parameters(module: torch.nn.Module, nonzero: bool = False) -> int:
-    """All parameters, or only those not zero (what unstructured pruning leaves)."""
+    """All parameters, or only those not zero (what unstructured pruning leaves; an offloaded
+    module's counted on its device, one module at a time: models/offload.py)."""
+    from prunebench.models.offload import has_offloaded_params, onloaded
+
     if nonzero:
-        return sum(int(torch.count_nonzero(p)) for p in module.parameters())
+        total = 0
+        for m in module.modules():  # each module's own tensors: an offloaded one's alone on the device
+            with onloaded(m, edits=False) if has_offloaded_params(m) else nullcontext():
+                total += sum(int(torch.count_nonzero(p)) for p in m.parameters(recurse=False))
+        return total
     return sum(p.numel() for p in module.parameters())

@@ -11,6 +11,7 @@ import torch
 
 from prunebench.models.counted import CountedTokens
 from prunebench.models.introspection import model_outputs
+from prunebench.models.offload import onloaded
 from prunebench.models.pretrained import config_positions
 
 
@@ -59,8 +60,9 @@ class LoadedModel:
         if vocab is None:
             logits = head(hidden)
         elif type(head) is torch.nn.Linear:
-            bias = head.bias[vocab] if head.bias is not None else None
-            logits = torch.nn.functional.linear(hidden, head.weight[vocab], bias)
+            with onloaded(head, edits=False):  # a head accelerate offloads, on its device for these rows
+                bias = head.bias[vocab] if head.bias is not None else None
+                logits = torch.nn.functional.linear(hidden.to(head.weight.device), head.weight[vocab], bias)
         else:
             logits = head(hidden)[..., vocab]
         config = getattr(self.model.config, "text_config", self.model.config)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import torch
 
 from prunebench.models.introspection import transformer_blocks
+from prunebench.models.offload import execution_device, onloaded
 from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import observe
 
@@ -27,6 +28,11 @@ def square_sums(matrices: dict[str, Matrix]):
 
     with input_hooks(matrices, observe_input):
         yield sums
+
+
+def matrix_device(matrix: Matrix) -> torch.device:
+    """Where a matrix computes (its weight may be on `meta`, offloaded between forwards: models/offload.py)."""
+    return execution_device(matrix.linear) if matrix.linear is not None else matrix.weight.device
 
 
 # how ||X_j||^2 is accumulated over the calibration samples (pruner.norm_sum)
@@ -57,7 +63,7 @@ class SquareMeans:
         self.norm_sum = check_norm_sum(norm_sum)
         dtype = torch.float32 if norm_sum == "release" else torch.float64
         self.totals = {name: torch.zeros(m.in_features, dtype=dtype,
-                                         device=m.weight.device if norm_sum == "release" else "cpu")
+                                         device=matrix_device(m) if norm_sum == "release" else "cpu")
                        for name, m in matrices.items()}
         self.seen = dict.fromkeys(matrices, 0)
 
@@ -127,16 +133,28 @@ def block_calls(model, samples: list[dict]) -> tuple[list[torch.Tensor], list[li
             return hidden
         return forward
 
-    for index, block in enumerate(blocks):
-        block.forward = recorder(index)
-    try:
+    with forwards_replaced(blocks, recorder):
         for batch in samples:
             calls.append([])
             observe(model, {**batch, "use_cache": False})
-    finally:
-        for block in blocks:
-            del block.forward
     return firsts, [list(per_block) for per_block in zip(*calls)]
+
+
+@contextmanager
+def forwards_replaced(blocks, forward: Callable):
+    """Each block's forward is `forward(index)` inside, as it was after: the forward a block had of
+    its own (accelerate's hook around it, on a placed or offloaded model) is put back, not deleted."""
+    saved = [block.__dict__.get("forward") for block in blocks]
+    for index, block in enumerate(blocks):
+        block.forward = forward(index)
+    try:
+        yield
+    finally:
+        for block, own in zip(blocks, saved):
+            if own is None:
+                del block.forward
+            else:
+                block.forward = own
 
 
 def run_block(block, hidden: torch.Tensor, call: tuple) -> torch.Tensor:
@@ -157,13 +175,17 @@ def block_by_block(model, samples: list[dict], prune: Callable, through_pruned: 
     `hiddens` (still dense itself) and prunes it, and is then run again, now pruned, to give the next
     block its inputs (the release recomputes them after pruning, so block i sees blocks 0..i-1
     pruned). through_pruned=False: the next block's inputs are the block's outputs before it was
-    pruned, so every block is observed on the dense model's activations."""
+    pruned, so every block is observed on the dense model's activations.
+
+    A block accelerate offloads (models/offload.py) comes to its device for all of this and goes back
+    pruned before the next comes: one block's weights at a time, whatever the model's size."""
     _, blocks = transformer_blocks(model)
     hiddens, calls = block_calls(model, samples)
     for index, (block, block_call) in enumerate(zip(blocks, calls)):
-        dense_outputs = None if through_pruned else replay(block, hiddens, block_call)
-        prune(index, block, hiddens, block_call)
-        hiddens = replay(block, hiddens, block_call) if through_pruned else dense_outputs
+        with onloaded(block):
+            dense_outputs = None if through_pruned else replay(block, hiddens, block_call)
+            prune(index, block, hiddens, block_call)
+            hiddens = replay(block, hiddens, block_call) if through_pruned else dense_outputs
 
 
 @torch.no_grad()

@@ -43,6 +43,9 @@ class Pruner:
     exportable: ClassVar[bool] = True
     # why an export is refused, where `exportable` is False for another reason than the one above
     export_refusal: ClassVar[str] = ""
+    # why pruning.onload (one decoder block at a time on the device: models/offload.py) is refused; ""
+    # for a pruner that reads and edits weights block by block (an instance may refuse for an option)
+    onload_refusal: str = "it reads or reshapes weights of several blocks at once, which onloading does not bring"
 
     def __init__(self, name: str, tower: str = "language"):
         self.check_tower(name, tower)
@@ -85,6 +88,11 @@ class Pruner:
         thing (whole experts), in which case the job is recorded, and keyed, at what is removed."""
         return sparsity
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        """Bytes of the statistics pruning one block holds besides its weights, for a block whose
+        Linear weights have `shapes` ([out, in]) at `size` bytes a weight (a plan's memory estimate)."""
+        return 0
+
     def score(self, loaded: LoadedModel, calib=None) -> dict[str, torch.Tensor] | None:
         return None
 
@@ -109,6 +117,7 @@ class NoPruner(Pruner):
 
     families = frozenset({"causal_lm", "encoder", "vision", "moe", "vlm"})
     cacheable = False
+    onload_refusal = ""
 
     def apply(self, loaded: LoadedModel, scores, sparsity: float) -> dict[str, float]:
         return {}

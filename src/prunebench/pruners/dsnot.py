@@ -20,13 +20,14 @@ import time
 
 import torch
 
+from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
 from prunebench.pruners.activations import SquareMeans, block_by_block, check_norm_sum, input_grams, replay
 from prunebench.pruners.masks import lowest_per_row, n_of_m
 from prunebench.pruners.matrices import Matrix, input_hooks
 from prunebench.pruners.structured import calibration_batches
 from prunebench.pruners.unstructured import (MODULES, MagnitudePruner, SparseGPTPruner, UnstructuredPruner,
-                                             WandaPruner, module_kind, sparsity_stats)
+                                             WandaPruner, Zeros, module_kind)
 
 BASES = {"wanda": WandaPruner, "sparsegpt": SparseGPTPruner, "magnitude": MagnitudePruner}
 
@@ -166,6 +167,10 @@ class DSnoTPruner(UnstructuredPruner):
     needs_calibration = True
     cacheable = False
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        """The base's statistics (a sparsegpt base's Hessians) and three float64 moments per input."""
+        return self.base.block_work_bytes(shapes, size) + sum(3 * cols * 8 for _, cols in shapes)
+
     def __init__(self, name: str = "dsnot", base: str = "wanda", max_cycles: int = 50, update_threshold: float = 0.1,
                  pow_of_var_regrowing: float = 1.0, same_sign: bool = False,
                  repair_modules: list[str] = ("attention",), damp: float = 0.01, sequential: bool = True,
@@ -193,19 +198,22 @@ class DSnoTPruner(UnstructuredPruner):
 
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float) -> dict[str, float]:
-        targets = self.targets_by_block(loaded.model)
+        prefix, _ = transformer_blocks(loaded.model)
         totals = {"initial_s": 0.0, "cycles_s": 0.0, "regrown": 0, "pruned": 0}
+        zeros = Zeros()
 
         def prune_block(index, block, hiddens, calls):
-            if targets[index]:
-                moments = input_moments(block, targets[index], hiddens, calls, self.norm_sum)
-                grams = (input_grams(block, targets[index], hiddens, calls)
+            targets = self.block_targets(prefix, index, block)
+            if targets:
+                moments = input_moments(block, targets, hiddens, calls, self.norm_sum)
+                grams = (input_grams(block, targets, hiddens, calls)
                          if isinstance(self.base, SparseGPTPruner) else None)
-                for name, matrix in targets[index].items():
+                for name, matrix in targets.items():
                     self.prune_matrix(name, matrix, moments[name], grams, sparsity, totals)
+                zeros.add(targets)
 
         block_by_block(loaded.model, samples, prune_block, through_pruned=self.sequential)
-        stats = sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
+        stats = zeros.stats()
         return {**stats, "dsnot/initial_s": totals["initial_s"], "dsnot/cycles_s": totals["cycles_s"],
                 "dsnot/regrown": totals["regrown"] / max(totals["pruned"], 1)}
 

@@ -262,6 +262,7 @@ class FlapPruner(StructuredPruner):
 
     families = frozenset({"causal_lm"})  # decoders with q/k/v/o attention and an up/down MLP
     needs_calibration = True
+    onload_refusal = "it ranks the channels of all layers together and narrows every layer in one step"
 
     def __init__(self, name: str = "flap", metric: str = "WIFV", structure: str = "AL-AM", remove_heads: int = 8,
                  bias: bool = True, batch_size: int = 1, tower: str = "language"):

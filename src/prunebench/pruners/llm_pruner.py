@@ -132,6 +132,7 @@ class LLMPruner(StructuredPruner):
 
     families = frozenset({"causal_lm"})
     needs_calibration = True
+    onload_refusal = "its Taylor scores come from one backward pass through the whole model at once"
 
     def __init__(self, name: str = "llm_pruner", taylor: str = "param_first", group_reduction: str = "sum",
                  attention_layer_start: int = 4, attention_layer_end: int = 30, mlp_layer_start: int = 4,

@@ -20,6 +20,7 @@ import torch
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.offload import onloaded
 from prunebench.pruners.activations import check_norm_sum, input_square_means
 from prunebench.pruners.base import Pruner, config_value
 from prunebench.pruners.matrices import Matrix, block_matrices
@@ -41,16 +42,12 @@ def outlier_ratio(metric: torch.Tensor, m: float) -> float:
     return float((metric > metric.mean() * m).sum()) / metric.numel() * 100
 
 
-def block_outlier_ratios(blocks: list[dict[str, Matrix]], norms: dict[str, torch.Tensor], m: float) -> dict[int, float]:
-    """Each pruned block's outlier ratio, on float32 Wanda scores as the release forms them (its
-    fp16 weights times the root of a float32 mean square over samples); `norms`: the mean squares."""
-    ratios = {}
-    for index, block in enumerate(blocks):
-        if block:
-            scores = [(mat.weight.detach().abs().float().cpu() * norms[name].float().cpu().sqrt()[None, :])
-                      .flatten() for name, mat in block.items()]
-            ratios[index] = outlier_ratio(torch.cat(scores), m)
-    return ratios
+def block_outlier_ratio(block: dict[str, Matrix], norms: dict[str, torch.Tensor], m: float) -> float:
+    """A pruned block's outlier ratio, on float32 Wanda scores as the release forms them (its fp16
+    weights times the root of a float32 mean square over samples); `norms`: the mean squares."""
+    scores = [(mat.weight.detach().abs().float().cpu() * norms[name].float().cpu().sqrt()[None, :])
+              .flatten() for name, mat in block.items()]
+    return outlier_ratio(torch.cat(scores), m)
 
 
 def layer_sparsities(ratios: list[float], sparsity: float, lamda: float) -> list[float]:
@@ -82,6 +79,9 @@ class OWLPruner(Pruner):
     needs_calibration = True
     unscored = frozenset({"name", "base", "base_options", "lamda", "sequential"})
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        return self.base.block_work_bytes(shapes, size)
+
     def __init__(self, name: str = "owl", base: str = "wanda", m: float = 5.0, lamda: float = 0.08,
                  base_options: dict | None = None, modules: list[str] = MODULES, skip_layers: list[int] = (),
                  tower: str = "language", sequential: bool = True, norm_sum: str = "release"):
@@ -108,6 +108,7 @@ class OWLPruner(Pruner):
                              ": leave pruner.sequential=true")
         cls, self.base_scores = BASES[base]
         self.base = cls(modules=modules, skip_layers=skip_layers, tower=tower, **options)
+        self.onload_refusal = self.base.onload_refusal
         if getattr(self.base, "sequential", False):
             self.base_scores = "samples"
         self.m, self.lamda, self.modules = float(m), float(lamda), list(modules)
@@ -127,8 +128,14 @@ class OWLPruner(Pruner):
     def score(self, loaded: LoadedModel, calib=None) -> dict:
         samples = calibration_batches(loaded, calib, 1)
         norms = input_square_means(loaded.model, self.base.targets(loaded.model), samples, self.norm_sum)
-        blocks = self.base.targets_by_block(loaded.model)
-        return {"samples": samples, "norms": norms, "outliers": block_outlier_ratios(blocks, norms, self.m)}
+        prefix, blocks = transformer_blocks(loaded.model)
+        outliers = {}
+        for index, block in enumerate(blocks):
+            with onloaded(block, edits=False):
+                targets = self.base.block_targets(prefix, index, block)
+                if targets:
+                    outliers[index] = block_outlier_ratio(targets, norms, self.m)
+        return {"samples": samples, "norms": norms, "outliers": outliers}
 
     def block_sparsities(self, outliers: dict[int, float], n_blocks: int, sparsity: float) -> list[float]:
         """One sparsity per block, the skipped blocks' 0."""
@@ -145,8 +152,9 @@ class OWLPruner(Pruner):
                            for batch in base_scores]
         stats = self.base.apply(loaded, base_scores, sparsity, per_block=per_block)
         for index, block in enumerate(blocks):
-            weights = [mat.weight for name, mat in block_matrices(block).items() if module_kind(name) in self.modules]
-            zeros = sum(int((w == 0).sum()) for w in weights)
+            with onloaded(block, edits=False):
+                weights = [mat.weight for name, mat in block_matrices(block).items() if module_kind(name) in self.modules]
+                zeros = sum(int((w == 0).sum()) for w in weights)
             stats[f"sparsity/layer_{index}"] = zeros / sum(w.numel() for w in weights)
         stats.update({f"outliers/layer_{index}": ratio for index, ratio in scores["outliers"].items()})
         return stats

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
-from prunebench.pruners.activations import block_calls, run_block
+from prunebench.pruners.activations import block_calls, forwards_replaced, run_block
 from prunebench.pruners.base import config_value
 from prunebench.pruners.layers import LayerPruner
 from prunebench.pruners.structured import calibration_batches, observe
@@ -31,13 +31,8 @@ def after_blocks(model, batch: dict, hidden: torch.Tensor) -> torch.Tensor:
     its blocks (final norm, projection) runs as in its own forward, because every block is made to
     return `hidden`. What precedes the blocks (embeddings, masks) is cheap beside them."""
     _, blocks = transformer_blocks(model)
-    for block in blocks:
-        block.forward = lambda *args, **kwargs: hidden
-    try:
+    with forwards_replaced(blocks, lambda index: lambda *args, **kwargs: hidden):
         return observe(model, {**batch, "use_cache": False}).last_hidden_state
-    finally:
-        for block in blocks:
-            del block.forward
 
 
 def nll_sum(loaded: LoadedModel, batch: dict, hidden: torch.Tensor) -> float:
@@ -104,6 +99,7 @@ class SLEBPruner(LayerPruner):
 
     families = frozenset({"causal_lm"})
     needs_calibration = True
+    onload_refusal = ""
 
     def __init__(self, name: str = "sleb", max_fraction: float = 0.5, early_barrier: int = 1,
                  latter_barrier: int = 1, tower: str = "language"):

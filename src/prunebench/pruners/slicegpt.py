@@ -241,6 +241,7 @@ class SliceGPTPruner(StructuredPruner):
 
     families = frozenset({"causal_lm"})
     needs_calibration = True
+    onload_refusal = "it rotates and slices the embeddings, every block and the head in one pass over the model"
     cacheable = False
     exportable = False
     export_refusal = ("slices the hidden size with a shortcut matrix on every block's residual path, which no "

@@ -14,6 +14,7 @@ import torch
 
 from prunebench.models.introspection import transformer_blocks
 from prunebench.models.loaded import LoadedModel
+from prunebench.models.offload import onloaded
 from prunebench.pruners.activations import (block_by_block, block_square_means, check_norm_sum, input_grams,
                                             input_square_means)
 from prunebench.api.seeds import torch_seed
@@ -52,6 +53,8 @@ class UnstructuredPruner(Pruner):
         if mask_rule not in MASK_RULES:
             raise ValueError(f"pruner.mask_rule={mask_rule!r} is not one of {list(MASK_RULES)}")
         self.pattern, self.scope, self.mask_rule = parse_pattern(pattern), scope, mask_rule
+        self.onload_refusal = ("pruner.scope=global ranks every block's weights together, so all blocks would be "
+                               "on the device at once; use scope=layer or row" if scope == "global" else "")
 
     def check(self, sparsity: float) -> None:
         if self.pattern:
@@ -63,12 +66,17 @@ class UnstructuredPruner(Pruner):
     def check_config(self, config, sparsity: float) -> None:
         check_skip_layers(self.skip_layers, config)
 
+    def block_targets(self, prefix: str, index: int, block: torch.nn.Module) -> dict[str, Matrix]:
+        """The matrices pruned in block `index` (named from the model's root, `prefix` its blocks'
+        path), taken where its weights are now: inside `onloaded`, for an offloaded block."""
+        if index in self.skip_layers:
+            return {}
+        return {f"{prefix}.{index}.{name}": m for name, m in block_matrices(block).items()
+                if module_kind(name) in self.modules}
+
     def targets_by_block(self, model: torch.nn.Module) -> list[dict[str, Matrix]]:
         prefix, blocks = transformer_blocks(model)
-        return [{} if idx in self.skip_layers else
-                {f"{prefix}.{idx}.{name}": m for name, m in block_matrices(block).items()
-                 if module_kind(name) in self.modules}
-                for idx, block in enumerate(blocks)]
+        return [self.block_targets(prefix, idx, block) for idx, block in enumerate(blocks)]
 
     def targets(self, model: torch.nn.Module) -> dict[str, Matrix]:
         return {name: m for block in self.targets_by_block(model) for name, m in block.items()}
@@ -88,13 +96,25 @@ class UnstructuredPruner(Pruner):
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, scores, sparsity: float,
               per_block: list[float] | None = None) -> dict[str, float]:
-        """`per_block`: a sparsity for each block in place of `sparsity` (OWL's layerwise ratios)."""
-        blocks = self.targets_by_block(loaded.model)
-        groups = ([({n: m for block in blocks for n, m in block.items()}, sparsity)] if per_block is None
-                  else [(block, ratio) for block, ratio in zip(blocks, per_block) if block])
-        for targets, ratio in groups:
-            self.prune(targets, scores, ratio)
-        return sparsity_stats({n: m for targets, _ in groups for n, m in targets.items()})
+        """`per_block`: a sparsity for each block in place of `sparsity` (OWL's layerwise ratios).
+        Block by block, each on its device while it is pruned (models/offload.py), except where all
+        blocks' scores are ranked together (scope global without `per_block`)."""
+        zeros = Zeros()
+        if per_block is None and self.scope == "global":
+            with onloaded(loaded.model):
+                targets = self.targets(loaded.model)
+                self.prune(targets, scores, sparsity)
+                zeros.add(targets)
+            return zeros.stats()
+        prefix, blocks = transformer_blocks(loaded.model)
+        ratios = [sparsity] * len(blocks) if per_block is None else per_block
+        for index, block in enumerate(blocks):
+            with onloaded(block):
+                targets = self.block_targets(prefix, index, block)
+                if targets:
+                    self.prune(targets, scores, ratios[index])
+                    zeros.add(targets)
+        return zeros.stats()
 
     def prune(self, targets: dict[str, Matrix], scores, sparsity: float) -> None:
         """Zero, in place, the weights of `targets` that `scores` rank lowest at `sparsity`."""
@@ -124,9 +144,19 @@ def one_cpu_thread():
         torch.set_num_threads(threads)
 
 
-def sparsity_stats(targets: dict[str, Matrix]) -> dict[str, float]:
-    zeros = sum(int((m.weight == 0).sum()) for m in targets.values())
-    return {"sparsity/actual": zeros / sum(m.weight.numel() for m in targets.values())}
+class Zeros:
+    """The pruned matrices' zeros and sizes, counted block by block while each block's weights are
+    at hand (an offloaded block's are not, once it is written back)."""
+
+    def __init__(self):
+        self.zeros = self.total = 0
+
+    def add(self, targets: dict[str, Matrix]) -> None:
+        self.zeros += sum(int((m.weight == 0).sum()) for m in targets.values())
+        self.total += sum(m.weight.numel() for m in targets.values())
+
+    def stats(self) -> dict[str, float]:
+        return {"sparsity/actual": self.zeros / self.total}
 
 
 class MagnitudePruner(UnstructuredPruner):
@@ -150,9 +180,14 @@ class RandomPruner(UnstructuredPruner):
         super().__init__(name, **options)
         self.seed = torch_seed(f"pruner {name}", seed)
 
+    def apply(self, loaded: LoadedModel, scores, sparsity: float,
+              per_block: list[float] | None = None) -> dict[str, float]:
+        """One generator for the whole model, drawn from block after block in the model's order."""
+        self.generator = torch.Generator().manual_seed(self.seed)
+        return super().apply(loaded, scores, sparsity, per_block)
+
     def importance(self, targets, scores):
-        gen = torch.Generator().manual_seed(self.seed)
-        return {name: torch.rand(m.weight.shape, generator=gen) for name, m in targets.items()}
+        return {name: torch.rand(m.weight.shape, generator=self.generator) for name, m in targets.items()}
 
 
 class WandaPruner(UnstructuredPruner):
@@ -205,17 +240,20 @@ class WandaPruner(UnstructuredPruner):
               per_block: list[float] | None = None) -> dict[str, float]:
         if not self.sequential:
             return super().apply(loaded, scores, sparsity, per_block)
-        targets = self.targets_by_block(loaded.model)
-        ratios = [sparsity] * len(targets) if per_block is None else per_block
+        prefix, blocks = transformer_blocks(loaded.model)
+        ratios = [sparsity] * len(blocks) if per_block is None else per_block
+        zeros = Zeros()
 
         def prune_block(index, block, hiddens, calls):
-            if targets[index]:
-                means = block_square_means(block, targets[index], hiddens, calls, self.norm_sum)
-                self.prune(targets[index], means, ratios[index])
+            targets = self.block_targets(prefix, index, block)
+            if targets:
+                means = block_square_means(block, targets, hiddens, calls, self.norm_sum)
+                self.prune(targets, means, ratios[index])
+                zeros.add(targets)
 
         with eager_experts(loaded.model):
             block_by_block(loaded.model, scores, prune_block)
-        return sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
+        return zeros.stats()
 
     def importance(self, targets, scores):
         """`scores`: each matrix's mean square input per feature (float32 or float64 as `norm_sum`
@@ -253,21 +291,30 @@ class SparseGPTPruner(UnstructuredPruner):
     def score(self, loaded: LoadedModel, calib=None) -> list[dict[str, torch.Tensor]]:
         return calibration_batches(loaded, calib, 1)
 
+    def block_work_bytes(self, shapes: list[tuple[int, int]], size: int) -> int:
+        """Every matrix's float64 Hessian at once (input_grams), and for the widest the Cholesky
+        factors' two more and the float64 copy of its weights under update."""
+        grams = [cols * cols * 8 for _, cols in shapes]
+        return sum(grams) + 2 * max(grams) + max(rows * cols * 8 for rows, cols in shapes)
+
     @torch.no_grad()
     def apply(self, loaded: LoadedModel, samples: list[dict], sparsity: float,
               per_block: list[float] | None = None) -> dict[str, float]:
         """`per_block`: a sparsity for each block in place of `sparsity` (OWL's layerwise ratios)."""
-        targets = self.targets_by_block(loaded.model)
-        ratios = [sparsity] * len(targets) if per_block is None else per_block
+        prefix, blocks = transformer_blocks(loaded.model)
+        ratios = [sparsity] * len(blocks) if per_block is None else per_block
+        zeros = Zeros()
 
         def prune_block(index, block, hiddens, calls):
-            if targets[index]:
-                for name, gram in input_grams(block, targets[index], hiddens, calls).items():
-                    self.reconstruct(targets[index][name].weight, gram, ratios[index])
+            targets = self.block_targets(prefix, index, block)
+            if targets:
+                for name, gram in input_grams(block, targets, hiddens, calls).items():
+                    self.reconstruct(targets[name].weight, gram, ratios[index])
+                zeros.add(targets)
 
         with eager_experts(loaded.model):
             block_by_block(loaded.model, samples, prune_block)
-        return sparsity_stats({n: m for block_targets in targets for n, m in block_targets.items()})
+        return zeros.stats()
 
     def reconstruct(self, weight: torch.Tensor, gram: torch.Tensor, sparsity: float) -> None:
         """Prune `weight` in place, compensating with the kept weights (SparseGPT's Algorithm 1)."""

@@ -41,9 +41,10 @@ CONTRACT = (
     *(Field(key) for key in ("model", "pruner", "sparsity", "sparsity_type", "task", "calib", "eval", "limit",
                              "seed", "data_dir", "bench", "recovery", "finetuned", "mop_run", "experiment")),
     # where it runs and is recorded, how it is shown; `vision_data` and `judge` reach the numbers only by
-    # interpolation into task fields, which are keyed; `export`: a copy written after the numbers are made
+    # interpolation into task fields, which are keyed; `export`: a copy written after the numbers are made;
+    # `pruning`: where the blocks wait while pruned (onloaded or not, the same weights bit for bit)
     *(Field(key, RUNTIME) for key in ("tracking", "trainer", "hydra", "fail_fast", "plan", "detach", "vision_data",
-                                      "judge", "export")),
+                                      "judge", "export", "pruning")),
     Field("model.device", RUNTIME), Field("model.device_map", RUNTIME),
     *(Field(f"model.{key}", RUNTIME) for key in PLANNING_KEYS),
     Field("eval.batch_tokens", RUNTIME),
