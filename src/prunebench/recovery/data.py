@@ -10,6 +10,7 @@ Two shapes of data, as the released recipes read them:
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import random
@@ -17,9 +18,10 @@ import zlib
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
+from prunebench.api.task_keys import chosen_definition
 from prunebench.calibration import Calibration
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
@@ -83,8 +85,8 @@ class RecoveryData:
         if self.kind == "file" and not options.get("path"):
             raise ValueError("recovery.data=file needs recovery.path=FILE (JSON/JSONL alpaca records, or plain text)")
         if self.kind == "task" and task is None:
-            raise ValueError("recovery.data=task needs a task definition: +task_library@recovery.task=NAME "
-                             "recovery.task.source.path=TRAIN_FILE (a split that is not evaluated)")
+            raise ValueError("recovery.data=task needs a task definition: +task@recovery.task=NAME "
+                             "recovery.task.tasks.NAME.source.path=TRAIN_FILE (a split that is not evaluated)")
 
     @property
     def path(self) -> Path | None:
@@ -260,8 +262,14 @@ def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> Recover
     options = OmegaConf.to_container(cfg.recovery, resolve=True)
     task = None
     if options["data"] == "task" and cfg.recovery.get("task") is not None:
+        recovery = copy.deepcopy(cfg.recovery)  # still under the root config, so `${data_dir}` resolves
+        with open_dict(recovery):
+            try:
+                recovery.task = chosen_definition(recovery.task, "recovery.task")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         with deferring(deferred):
-            task = instantiate(cfg.recovery.task, _convert_="all")
+            task = instantiate(recovery.task, _convert_="all")
     try:
         return RecoveryData(options, cfg.get("data_dir"), task)
     except ValueError as err:
