@@ -143,7 +143,7 @@ def test_file_reads_jsonl_records_field(tmp_path, tokenizer):
 
 
 def test_task_calibration_reads_contexts_with_gold_answers(tokenizer):
-    cfg = compose_cfg(["calib=task", "task_library@calib.task=local_mc", f"calib.task.source.path={MC_FIXTURE}"])
+    cfg = compose_cfg(["calib=task", "task@calib.task=local_mc", f"calib.task.tasks.local_mc.source.path={MC_FIXTURE}"])
     from hydra.utils import instantiate
 
     cal = instantiate(cfg.calib, _convert_="all")
@@ -170,9 +170,9 @@ def test_calibrating_on_the_evaluated_split_is_refused_unless_allowed(data_dir):
 
 def test_a_task_evaluated_and_calibrated_on_the_same_file_is_refused():
     mc = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "pruner=wanda",
-          "calib=task", "task_library@calib.task=local_mc"]
+          "calib=task", "task@calib.task=local_mc"]
     with pytest.raises(ConfigError, match="evaluated"):
-        validate(compose_cfg(mc + [f"calib.task.source.path={MC_FIXTURE.parent}/../fixtures/{MC_FIXTURE.name}"]))
+        validate(compose_cfg(mc + [f"calib.task.tasks.local_mc.source.path={MC_FIXTURE.parent}/../fixtures/{MC_FIXTURE.name}"]))
 
 
 def test_missing_calibration_split_fails_before_any_model_loads(data_dir):

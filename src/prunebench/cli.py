@@ -18,7 +18,7 @@ with collector.importing():
     from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
-    from prunebench.groups import listing
+    from prunebench.groups import listing, retired_spelling
     from prunebench.paths import CONF_DIR
     from prunebench.plan import format_plan, plan
     from prunebench.tracking import interrupts, server, store
@@ -97,8 +97,19 @@ def exit_outside_the_store(signum: int, frame) -> None:
 
 
 def main() -> None:
+    refuse_retired(sys.argv[1:])
     end_runs_on_sigterm()
     app()
+
+
+def refuse_retired(arguments: list[str]) -> None:
+    """An override in a spelling that is gone is refused in one line naming the new one, before Hydra
+    composes anything."""
+    from prunebench.api.errors import refuse
+
+    for argument in arguments:
+        if (message := retired_spelling(argument)) is not None:
+            refuse(message)
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -115,6 +126,7 @@ def run_app(argv: list[str]) -> int:
     """The Hydra app on the command line `argv`, in this process."""
     from hydra.core.global_hydra import GlobalHydra
 
+    refuse_retired(argv[1:])
     argv, sys.argv = list(sys.argv), argv
     handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures the root logger
     try:
