@@ -126,12 +126,12 @@ def run_app(argv: list[str]) -> int:
     """The Hydra app on the command line `argv`, in this process."""
     from hydra.core.global_hydra import GlobalHydra
 
-    refuse_retired(argv[1:])
     argv, sys.argv = list(sys.argv), argv
     handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures the root logger
     try:
+        refuse_retired(sys.argv[1:])
         app()
-    except SystemExit as end:  # the plan's status, from the sweep callback
+    except SystemExit as end:  # the plan's status, from the sweep callback, or a refusal
         return end.code if isinstance(end.code, int) else 1 if end.code else 0
     finally:  # as it was: a caller in the same process may compose, plan or log again
         sys.argv = argv

@@ -28,7 +28,7 @@ def retired_spelling(override: str) -> str | None:
     plus, package, value = found["plus"], found["package"] or "", found["value"]
     gone = f"{override}: conf/task_library is gone, each benchmark is one conf/task/<name>.yaml; "
     if found["sub"] or package.startswith("task."):
-        return gone + f"add a benchmark to a suite with task=[SUITE,{value}] (it brings its protocols' versions)"
+        return gone + f"add a benchmark to a suite with task=[SUITE,{value}] task.name=SUITE (it brings its protocols' versions)"
     if package:
         return gone + f"write {plus}task@{package}={value} (its definition is then {package}.tasks.{value})"
     return gone + f"choose it with task={value}"
