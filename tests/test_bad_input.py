@@ -166,8 +166,8 @@ CASES = {
                             ["recovery.path=", "empty.txt' is empty: recovery windows"]),
     "recovery on the evaluated documents": ([json.dumps(GOOD)] * 12,
                                             ["pruner=magnitude", "recovery=lora", "recovery.data=task",
-                                             "+task_library@recovery.task=local_mc",
-                                             "recovery.task.source.path={tmp}/cases.jsonl", "recovery.batch_size=4",
+                                             "+task@recovery.task=local_mc",
+                                             "recovery.task.tasks.local_mc.source.path={tmp}/cases.jsonl", "recovery.batch_size=4",
                                              "recovery.micro_batch_size=4", "recovery.val_samples=1"],
                                             ["recovery.data=task trains on data that is evaluated", "local_mc",
                                              "recovery.allow_eval_split=true"]),
@@ -322,7 +322,7 @@ def test_the_root_keys_an_experiment_sets_are_defined(option):
 
 
 @pytest.mark.parametrize("extra", [["+model.device_map=auto"], ["++data_dir=/tmp"], ["seed=3"],
-                                   ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa"]])
+                                   ["recovery=lora", "recovery.data=task", "+task@recovery.task=local_mc"]])
 def test_plus_overrides_under_a_defined_root_key_pass(extra):
     check_added_keys(compose_cfg(extra), extra)
 

@@ -11,7 +11,7 @@ import torch
 
 from conftest import MC_FIXTURE, compose_cfg, shared_file
 from prunebench.calibration import (AlpacaCalibration, C4Calibration, FileCalibration, PromptCalibration,
-                                    TaskCalibration, WikiText2Calibration)
+                                    TaskCalibration, WikiText2Calibration, calibration_config)
 from prunebench.corpora import Alpaca, WikiText2
 from prunebench.models.tiny import tiny_tokenizer
 from prunebench.validate import ConfigError, validate
@@ -143,14 +143,29 @@ def test_file_reads_jsonl_records_field(tmp_path, tokenizer):
 
 
 def test_task_calibration_reads_contexts_with_gold_answers(tokenizer):
-    cfg = compose_cfg(["calib=task", "task_library@calib.task=local_mc", f"calib.task.source.path={MC_FIXTURE}"])
+    cfg = compose_cfg(["calib=task", "task@calib.task=local_mc", f"calib.task.tasks.local_mc.source.path={MC_FIXTURE}"])
     from hydra.utils import instantiate
 
-    cal = instantiate(cfg.calib, _convert_="all")
+    cal = instantiate(calibration_config(cfg), _convert_="all")
     assert isinstance(cal, TaskCalibration)
     docs = cal.corpus.documents()
     first = json.loads(MC_FIXTURE.read_text().splitlines()[0])
     assert docs[0] == f"Question: {first['question']}\nAnswer: {first['choices'][first['label']]}"
+
+
+def test_a_benchmark_chosen_for_calibration_is_its_definition_with_the_presets_values_over_it():
+    """`task@calib.task=NAME` selects the task option; calibration takes its one definition, under the
+    root config (data_dir reaches it), with what a preset sets beside it (glue_train's train split)."""
+    cfg = compose_cfg(["model=tiny-bert-cls", "task=sst2", "calib=glue_train", "task@calib.task=cola", "data_dir=/glue"])
+    assert list(cfg.calib.task.tasks) == ["cola"]
+    task = calibration_config(cfg).task
+    assert (task.name, task.source.task, task.source.split, task.source.data_dir) == ("cola", "cola", "train", "/glue")
+
+
+def test_a_suite_chosen_for_calibration_is_refused_naming_the_spelling():
+    cfg = compose_cfg(["model=tiny-llama", "pruner=wanda", "calib=task", "task@calib.task=glue"])
+    with pytest.raises(ConfigError, match=r"calib.task='glue' holds 8 task definitions .* task@calib.task=NAME"):
+        calibration_config(cfg)
 
 
 PPL = ["model=tiny-llama", "task=wikitext2_ppl", "pruner=wanda", "calib.seq_len=64"]  # within its 256 positions
@@ -170,9 +185,9 @@ def test_calibrating_on_the_evaluated_split_is_refused_unless_allowed(data_dir):
 
 def test_a_task_evaluated_and_calibrated_on_the_same_file_is_refused():
     mc = ["model=tiny-llama", "task=local_mc", f"task.tasks.local_mc.source.path={MC_FIXTURE}", "pruner=wanda",
-          "calib=task", "task_library@calib.task=local_mc"]
+          "calib=task", "task@calib.task=local_mc"]
     with pytest.raises(ConfigError, match="evaluated"):
-        validate(compose_cfg(mc + [f"calib.task.source.path={MC_FIXTURE.parent}/../fixtures/{MC_FIXTURE.name}"]))
+        validate(compose_cfg(mc + [f"calib.task.tasks.local_mc.source.path={MC_FIXTURE.parent}/../fixtures/{MC_FIXTURE.name}"]))
 
 
 def test_missing_calibration_split_fails_before_any_model_loads(data_dir):

@@ -22,12 +22,12 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
-# every group a user chooses from (conf/task_library's definitions are built through the task options);
+# every group a user chooses from (conf/task_base's bases are built through the task options);
 # what an option leaves to the user (???) is given here as a user would
 GROUPS = ["model", "pruner", "task", "calib", "tracking", "trainer", "bench", "recovery", "judge", "experiment",
           "finetuned", "mop_run", "sparsity_type", "export"]
 GIVEN = {"judge": ["judge.model=m", "judge.path=/models/judge"], "model": ["model.path=/models/m", "model.arch=vit_tiny"],
-         "calib": ["calib.path=/data/calib.txt", "calib.task.source.path=/data/train.jsonl"]}
+         "calib": ["calib.path=/data/calib.txt", "calib.task.tasks.local_mc.source.path=/data/train.jsonl"]}
 BENCH_MODELS = {"vision": "tiny-vit", "vlm_generate": "tiny-llava"}  # a model of a family each times
 # a labelled calibration takes the evaluated task's train split: a classification task to take it from
 CALIB_TASKS = {"labelled": ["model=tiny-bert-cls", "task=sst2"], "glue_train": ["model=tiny-bert-cls", "task=sst2"],

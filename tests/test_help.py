@@ -1,5 +1,5 @@
 """`prunebench --help` describes prunebench: its groups with their options (those on hydra.searchpath
-too) and the common keys, without the internal groups (task_library) Hydra's own help would list."""
+too) and the common keys, without the internal groups (task_base) Hydra's own help would list."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_help_lists_the_groups_and_common_keys_and_hides_internal_groups():
     assert "joblib" in lines["hydra/launcher"]
     for key in ("sparsity=0.5", "limit=N", "data_dir=DIR", "tracking.uri=URI", "$MLFLOW_TRACKING_URI"):
         assert key in text, key
-    assert "task_library" not in text and "powered by Hydra" not in text
+    assert "task_base" not in text and "powered by Hydra" not in text
 
 
 def test_help_and_plan_help_list_the_options_found_on_the_search_path(tmp_path, capsys, monkeypatch):
@@ -44,7 +44,7 @@ def test_help_and_plan_help_list_the_options_found_on_the_search_path(tmp_path, 
         assert {"ria", "scratch", "magnitude"} <= options(lines["pruner"])
         assert {"ria_vs_wanda", "mop_llama2"} <= options(lines["experiment"])
         assert "units_mc" in options(lines["task"]) and options(lines["sweep_notes"]) == {"first"}
-        assert "task_library" not in text
+        assert "task_base" not in text
 
 
 def options(line: str) -> set[str]:

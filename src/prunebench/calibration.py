@@ -17,7 +17,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
-from prunebench.api.task_keys import task_names
+from prunebench.api.task_keys import chosen_definition, task_names
 from prunebench.corpora import C4, Alpaca, TaskText, TextCorpus, TextFile, WikiText2, task_data_ids
 from prunebench.evaluation.encoding import window_prefix
 
@@ -161,7 +161,7 @@ class PromptCalibration(Calibration):
 
 
 class TaskCalibration(Calibration):
-    """The documents of a task definition (conf/task_library/), pointed at a split that is not evaluated."""
+    """The documents of one benchmark's definition (`task@calib.task=NAME`), pointed at a split that is not evaluated."""
 
     def __init__(self, task, **kwargs):
         super().__init__(TaskText(task), **kwargs)
@@ -197,7 +197,7 @@ class LabelledCalibration:
                                  f"({self.task.source.describe()}), labels {list(mine) or ['(regression)']}, but "
                                  f"task {name} is evaluated with labels {list(theirs) or ['(regression)']}; leave "
                                  f"calib.task unset (the evaluated task's own train split) or choose "
-                                 f"task_library@calib.task={name}")
+                                 f"task@calib.task={name}")
 
     def evaluated_overlap(self, tasks: dict) -> dict[str, set[str]]:
         mine = task_data_ids(self.task)
@@ -209,10 +209,20 @@ class LabelledCalibration:
 
 
 def calibration_config(cfg: DictConfig) -> DictConfig:
-    """`cfg.calib`, where a labelled calibration without a task definition (no `task`, or only
-    overrides of one such as glue_train's split) becomes the evaluated task's own definition on its
-    train split, the file it was fine-tuned on, not the evaluated one."""
+    """`cfg.calib` with its `task` a definition to build: a task option chosen for it becomes its one
+    definition (`chosen_definition`), and a labelled calibration without one (no `task`, or only
+    overrides of one such as glue_train's split) takes the evaluated task's own on its train split,
+    the file it was fine-tuned on, not the evaluated one."""
     calib = cfg.calib
+    selected = calib.get("task")
+    try:
+        chosen = chosen_definition(selected, "calib.task")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if chosen is not selected:  # a task option chosen (task@calib.task=NAME): its one definition
+        calib = copy.deepcopy(calib)  # still under the root config, so `${data_dir}` and the like resolve
+        with open_dict(calib):
+            calib.task = chosen
     target = calib.get("_target_")
     if target is None or not issubclass(get_class(target), LabelledCalibration):
         return calib
@@ -223,16 +233,16 @@ def calibration_config(cfg: DictConfig) -> DictConfig:
     if len(evaluated) != 1:
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
                           f"task={cfg.task.get('name')!r} evaluates {evaluated}; choose one: "
-                          f"task_library@calib.task=NAME")
+                          f"task@calib.task=NAME")
     if evaluated[0] not in (cfg.task.get("tasks") or {}):
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
                           f"{evaluated[0]} is an lm-eval task (task.lm_eval), which has no definition here to take it "
-                          f"from; name one: task_library@calib.task=NAME, or calib=file")
+                          f"from; name one: task@calib.task=NAME, or calib=file")
     own = cfg.task.tasks[evaluated[0]]
     if "split" not in own.get("source", {}):
         raise ConfigError(f"calib={calib.name!r} without a task calibrates on the evaluated task's train split, but "
                           f"task {evaluated[0]}'s source ({own.source.get('_target_')}) has no split; give its "
-                          f"train data: task_library@calib.task=NAME calib.task.source...=...")
+                          f"train data: task@calib.task=NAME calib.task.tasks.NAME.source...=...")
     out = copy.deepcopy(calib)  # still under the root config, so `${seed}` and the like resolve
     with open_dict(out):
         out.task = OmegaConf.merge(own, {"source": {"split": "train", "path": None}}, task or {})

@@ -18,7 +18,7 @@ with collector.importing():
     from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
-    from prunebench.groups import listing
+    from prunebench.groups import listing, retired_spelling
     from prunebench.paths import CONF_DIR
     from prunebench.plan import format_plan, plan
     from prunebench.tracking import interrupts, server, store
@@ -97,18 +97,20 @@ def exit_outside_the_store(signum: int, frame) -> None:
 
 
 def main() -> None:
+    refuse_retired(sys.argv[1:])
     end_runs_on_sigterm()
-    refuse_moved(sys.argv[1:])
     app()
 
 
-def refuse_moved(arguments: list[str]) -> None:
-    """An override spelled as before a config became a group (`export=true`), refused in one line
-    naming its new spelling before Hydra answers it less clearly."""
+def refuse_retired(arguments: list[str]) -> None:
+    """An override in a spelling that is gone (`export=true` before export became a group,
+    `task_library@...` before each benchmark was one task option) is refused in one line naming the
+    new one, before Hydra composes anything: its own messages name neither."""
     from prunebench.api.errors import refuse
     from prunebench.export.writer import moved
 
-    if (message := moved(arguments)) is not None:
+    message = moved(arguments) or next((m for a in arguments if (m := retired_spelling(a)) is not None), None)
+    if message is not None:
         refuse(message)
 
 
@@ -129,9 +131,9 @@ def run_app(argv: list[str]) -> int:
     argv, sys.argv = list(sys.argv), argv
     handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures the root logger
     try:
-        refuse_moved(sys.argv[1:])
+        refuse_retired(sys.argv[1:])
         app()
-    except SystemExit as end:  # the plan's status, from the sweep callback
+    except SystemExit as end:  # the plan's status, from the sweep callback, or a refusal
         return end.code if isinstance(end.code, int) else 1 if end.code else 0
     finally:  # as it was: a caller in the same process may compose, plan or log again
         sys.argv = argv

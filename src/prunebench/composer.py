@@ -64,9 +64,12 @@ class Composer:
 
     def _tree(self, choices: tuple[str, ...]) -> tuple[DictConfig, frozenset[str]]:
         """The job config of these choices, and the config groups of its defaults tree (Hydra's
-        `runtime.choices`): a `group=option` override chooses, any other key sets a value."""
+        `runtime.choices`): a `group=option` override chooses, any other key sets a value. A group
+        chosen as a list of options (`task=[commonsense,openbookqa]`, merged in order) has no single
+        choice there, and stays a group."""
         tree = compose(self.config_name, overrides=[*self.hydra_overrides, *choices], return_hydra_config=True)
-        groups = frozenset(tree.hydra.runtime.choices.keys())
+        groups = frozenset(tree.hydra.runtime.choices.keys()) | {c.split("=", 1)[0] for c in choices
+                                                                 if not c.startswith("hydra.")}
         with open_dict(tree):
             del tree["hydra"]  # as compose leaves a job's config
         return tree, groups

@@ -11,8 +11,27 @@ from hydra.core.object_type import ObjectType
 
 from hydra.core.global_hydra import GlobalHydra
 
-# groups that are building blocks of other options (the task definitions task options list), not choices
-INTERNAL_GROUPS = ("hydra", "task_library")
+# groups that are building blocks of other options (the bases task options extend), not choices
+INTERNAL_GROUPS = ("hydra", "task_base")
+# an override of the retired task_library group: [+]task_library[/sub]@package=value
+RETIRED = re.compile(r"^(?P<plus>\+*)task_library(?P<sub>/[\w/]+)?(?:@(?P<package>[\w.]+))?=(?P<value>.*)$")
+
+
+def retired_spelling(override: str) -> str | None:
+    """The one line saying how an override of the retired `task_library` group is written now that each
+    benchmark is one conf/task/<name>.yaml (its definition under `tasks.<name>`, its OpenCompass
+    version under `protocols`); None for any other override. Hydra's own words ("config group
+    'task_library' does not exist") do not say what replaced it."""
+    found = RETIRED.match(override)
+    if found is None:
+        return None
+    plus, package, value = found["plus"], found["package"] or "", found["value"]
+    gone = f"{override}: conf/task_library is gone, each benchmark is one conf/task/<name>.yaml; "
+    if found["sub"] or package.startswith("task."):
+        return gone + f"add a benchmark to a suite with task=[SUITE,{value}] task.name=SUITE (it brings its protocols' versions)"
+    if package:
+        return gone + f"write {plus}task@{package}={value} (its definition is then {package}.tasks.{value})"
+    return gone + f"choose it with task={value}"
 
 
 def quoted(value: str) -> str:

@@ -184,7 +184,7 @@ def test_his_calibrates_on_train_never_the_evaluated_split(glue_dir, store):
     metrics = run_job(base, store)
     assert metrics["sparsity/actual"] == 0.5 and 0 <= metrics["sst2/acc"] <= 1
     with pytest.raises(ConfigError, match="reads data that is evaluated"):
-        validate(compose_cfg([*base, "calib=labelled", "task_library@calib.task=sst2"]))
+        validate(compose_cfg([*base, "calib=labelled", "task@calib.task=sst2"]))
 
 
 @pytest.mark.parametrize("calib", ["glue_train", "labelled"])
@@ -202,7 +202,7 @@ def test_labelled_calibration_defaults_to_the_evaluated_tasks_own_train_split(gl
 def test_calibration_labels_of_another_task_are_refused_before_any_model_loads(glue_dir, calib_task, task):
     """SST-2's negative/positive are not CoLA's unacceptable/acceptable though both count two."""
     cfg = compose_cfg(["model=tiny-bert-cls", f"task={task}", f"data_dir={glue_dir}", "pruner=heads_his",
-                       "calib=glue_train", f"task_library@calib.task={calib_task}", "sparsity=0.5"])
+                       "calib=glue_train", f"task@calib.task={calib_task}", "sparsity=0.5"])
     with pytest.raises(ConfigError, match=rf"calib='glue_train' draws labelled examples from task {calib_task} "
                                           rf"\(.*train.tsv\), labels \[.*\], but task {task} is evaluated with "
                                           rf"labels \[.*\]"):
@@ -212,7 +212,7 @@ def test_calibration_labels_of_another_task_are_refused_before_any_model_loads(g
 def test_labelled_calibration_without_a_task_needs_one_evaluated_task(glue_dir):
     cfg = compose_cfg(["model=tiny-bert-cls", "task=glue", f"data_dir={glue_dir}", "pruner=heads_his",
                        "calib=glue_train", "sparsity=0.5"])
-    with pytest.raises(ConfigError, match=r"evaluates \['sst2', .*choose one: task_library@calib.task=NAME"):
+    with pytest.raises(ConfigError, match=r"evaluates \['sst2', .*choose one: task@calib.task=NAME"):
         validate(cfg)
 
 
@@ -316,8 +316,8 @@ def test_multiple_choice_mcc_and_f1_equal_lm_evals_metric_functions(monkeypatch)
 
 
 def test_prompted_glue_job_logs_mcc_f1_and_the_glue_convention_average(glue_dir, store):
-    metrics = run_job(["model=tiny-llama", "task=cola_mc", "+task_library@task.tasks.mrpc_mc=mrpc_mc",
-                       "+task_library@task.tasks.qqp_mc=qqp_mc", f"data_dir={glue_dir}", "sparsity=0"], store)
+    metrics = run_job(["model=tiny-llama", "task=[cola_mc,mrpc_mc,qqp_mc]", "task.name=cola_mc", f"data_dir={glue_dir}",
+                       "sparsity=0"], store)
     for task in ("cola_mc", "mrpc_mc", "qqp_mc"):
         records = predictions(task)
         assert len(records) == 24

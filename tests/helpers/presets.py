@@ -28,8 +28,9 @@ def tiny(name: str, data) -> list[str]:
                *(f"task.tasks.{t}.max_gen_toks=4" for t in tasks)]
         if name == "hies_llava":
             return [*vlm, "calib.n_samples=2"]
-        return [*vlm, "model.text_config.num_hidden_layers=6", "calib.n_samples=2", "calib.task.image_dir=" + str(images),
-                f"calib.task.source.path={vlm_root / 'scienceqa' / 'llava_test_CQM-A.json'}", "calib.allow_eval_split=true"]
+        calib = "calib.task.tasks.scienceqa_img"
+        return [*vlm, "model.text_config.num_hidden_layers=6", "calib.n_samples=2", f"{calib}.image_dir={images}",
+                f"{calib}.source.path={vlm_root / 'scienceqa' / 'llava_test_CQM-A.json'}", "calib.allow_eval_split=true"]
     if name == "instruct":  # a model with a chat template (read from its GGUF, not loaded); MMLU is no fixture
         return [*common, "model=smollm2-135m", "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
                 "task.lm_eval=[]"]

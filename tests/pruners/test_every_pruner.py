@@ -25,7 +25,7 @@ FAMILIES = {
     "moe": ["model=tiny-mixtral", "calib=file", "calib.path={text}", "calib.n_samples=2", "calib.seq_len=16"],
     "encoder": ["model=tiny-bert-cls", "task=sst2", "data_dir={glue}", "calib=glue_train", "calib.n_samples=4"],
     "vision": ["model=tiny-vit", "task=imagenet1k", "task.tasks.imagenet1k.source.root={images}", "calib=labelled",
-               "task_library@calib.task=imagenet1k", "calib.task.source.root={train}", "calib.n_samples=4"],
+               "task@calib.task=imagenet1k", "calib.task.tasks.imagenet1k.source.root={train}", "calib.n_samples=4"],
     "vlm": ["model=tiny-llava", "model.text_config.num_hidden_layers=4", "task=easy_vqa", "calib=image_text",
             "calib.n_samples=2"],
 }
@@ -50,7 +50,7 @@ def test_every_pruner_option_prunes_each_family_it_declares(name, family, tmp_pa
     overrides = [o.format(**fill) for o in FAMILIES[family]]
     cfg = compose_cfg([*overrides, f"pruner={name}", "sparsity=0.25", "limit=2", "tracking.ensure_dense=false"])
     if not get_class(cfg.pruner._target_).needs_calibration:
-        cfg = compose_cfg([*[o for o in overrides if not o.startswith(("calib", "task_library@calib"))],
+        cfg = compose_cfg([*[o for o in overrides if not o.startswith(("calib", "task@calib"))],
                            *UNCALIBRATED, f"pruner={name}", "sparsity=0.25", "limit=2"])
     validate(cfg)
     _, pruner, stats, _ = prune(cfg, dense=False)

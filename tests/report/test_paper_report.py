@@ -136,7 +136,7 @@ def test_checkpoints_per_task_share_a_row_though_each_calibrates_on_its_own_task
     for task in ("sst2", "cola"):
         run(compose_cfg(["model=tiny-bert-cls", f"model.name=bert-{task}", f"model.labels={labels[task]}",
                          f"task={task}", f"data_dir={glue_dir}", "pruner=hies_paper", "calib=glue_train",
-                         f"task_library@calib.task={task}", "calib.n_samples=4", "sparsity=0.5",
+                         f"task@calib.task={task}", "calib.n_samples=4", "sparsity=0.5",
                          "trainer.enable_progress_bar=false"]))
     mlflow.set_tracking_uri(store)
     table = paper_table(task_results(load_runs("prunebench")))

@@ -66,8 +66,7 @@ def test_suites_are_composed_again_when_a_task_option_changes(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)
     assert "pair" not in suite_members(str(conf))
-    (conf / "task" / "pair.yaml").write_text("defaults:\n  - /task_library@tasks.sst2: sst2\n"
-                                             "  - /task_library@tasks.cola: cola\n  - _self_\nname: pair\n")
+    (conf / "task" / "pair.yaml").write_text("defaults:\n  - sst2\n  - cola\n  - _self_\nname: pair\n")
     assert suite_members(str(conf))["pair"] == ["sst2", "cola"]
 
 

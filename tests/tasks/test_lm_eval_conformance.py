@@ -26,8 +26,7 @@ TINY = ["model=tiny-llama", "trainer.enable_progress_bar=false", "trainer.logger
 
 def our_tasks(*overrides: str) -> dict:
     """All seven tasks in one config: the commonsense suite plus openbookqa and commonsense_qa."""
-    extra = ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa",
-             "+task_library@task.tasks.commonsense_qa=commonsense_qa"]
+    extra = ["task=[commonsense,openbookqa,commonsense_qa]", "task.name=commonsense"]
     tasks = validate(compose_cfg(TINY + extra + list(overrides)))
     assert sorted(tasks) == sorted(TASKS)
     return tasks

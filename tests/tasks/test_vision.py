@@ -99,8 +99,8 @@ def test_pruned_vit_job_with_bench(tmp_path, store):
 def test_hies_on_vit_calibrates_on_a_labelled_train_folder(tmp_path, store):
     val, train = image_folder(tmp_path / "val", 1), image_folder(tmp_path / "train", 1)
     metrics = job.run(compose_cfg(["model=tiny-vit", "task=imagenet1k", f"task.tasks.imagenet1k.source.root={val}",
-                                   "pruner=hies", "calib=labelled", "task_library@calib.task=imagenet1k",
-                                   f"calib.task.source.root={train}", "calib.n_samples=4", "sparsity=0.25", *QUIET]))
+                                   "pruner=hies", "calib=labelled", "task@calib.task=imagenet1k",
+                                   f"calib.task.tasks.imagenet1k.source.root={train}", "calib.n_samples=4", "sparsity=0.25", *QUIET]))
     assert metrics["sparsity/actual"] == 0.25 and 0 <= metrics["imagenet1k/top1"] <= 1
 
 

@@ -25,3 +25,27 @@ def joined_names(entries) -> str:
 def task_names(task_cfg) -> list[str]:
     """Every task a composed `task` option evaluates: its definitions, then its lm-eval entries."""
     return [*(task_cfg.get("tasks") or {}), *lm_eval_names(task_cfg.get("lm_eval"))]
+
+
+# a task option's own keys; any other key beside them overrides its one definition (`chosen_definition`)
+OPTION_KEYS = ("name", "tasks", "protocols")
+
+
+def chosen_definition(option, where: str):
+    """The one benchmark definition of a task option selected under another key (`task@calib.task=NAME`
+    gives {name, tasks: {NAME: definition}, protocols}), with the keys set beside it merged over it: a
+    preset's `task.source.split: train`, written before the benchmark is chosen. A mapping without
+    `tasks` (overrides alone, or a definition written in place) is returned as it is. The merge is
+    detached from the root config: attach it there before its interpolations (`data_dir`) resolve.
+    Raises ValueError for an option holding other than one definition (a suite, `lm_eval`)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if option is None or "tasks" not in option:
+        return option
+    items = dict(option.items_ex(resolve=False) if isinstance(option, DictConfig) else option.items())
+    tasks = items["tasks"] or {}
+    if len(tasks) != 1:
+        raise ValueError(f"{where}={items.get('name')!r} holds {len(tasks)} task definitions {list(tasks)}; "
+                         f"{where} takes one benchmark's: task@{where}=NAME")
+    rest = {key: value for key, value in items.items() if key not in OPTION_KEYS}
+    return OmegaConf.merge(next(iter(tasks.values())), rest)

@@ -11,6 +11,7 @@ Two shapes of data, as the released recipes read them:
 
 from __future__ import annotations
 
+import copy
 import gzip
 import importlib
 import json
@@ -20,9 +21,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prunebench.api.errors import ConfigError
+from prunebench.api.task_keys import chosen_definition
 from prunebench.calibration import Calibration, piece_tokens
 from prunebench.corpora import (ALPACA_HUB, ALPACA_TEMPLATES, Alpaca, TaskText, TextFile, WikiText2, data_id, is_json,
                                 load_rows)
@@ -332,8 +334,8 @@ class TaskData(TextData):
     def __init__(self, options: dict, data_dir: str | None = None, task=None):
         super().__init__(options, data_dir, task)
         if task is None:
-            raise ValueError("recovery.data=task needs a task definition: +task_library@recovery.task=NAME "
-                             "recovery.task.source.path=TRAIN_FILE (a split that is not evaluated)")
+            raise ValueError("recovery.data=task needs a task definition: +task@recovery.task=NAME "
+                             "recovery.task.tasks.NAME.source.path=TRAIN_FILE (a split that is not evaluated)")
 
     def corpus(self) -> TaskText:
         return TaskText(self.task)
@@ -375,8 +377,11 @@ def recovery_data(cfg: DictConfig, deferred: list[str] | None = None) -> Recover
         kind, own = data_kind(options["data"])
         task = None
         if kind.reads_task and cfg.recovery.get("task") is not None:
+            recovery = copy.deepcopy(cfg.recovery)  # still under the root config, so `${data_dir}` resolves
+            with open_dict(recovery):
+                recovery.task = chosen_definition(recovery.task, "recovery.task")
             with deferring(deferred):
-                task = instantiate(cfg.recovery.task, _convert_="all")
+                task = instantiate(recovery.task, _convert_="all")
         try:
             return kind(options, cfg.get("data_dir"), task, **own)
         except TypeError as err:  # an option the class does not take

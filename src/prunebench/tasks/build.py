@@ -18,7 +18,7 @@ LM_EVAL_ENTRY_KEYS = {"task", "name", "num_fewshot", "primary", "fewshot_split"}
 
 def lm_eval_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     """`task.lm_eval`'s entries (lm-eval names, or {task, name, num_fewshot, primary, fewshot_split}) as task
-    definitions, with the options the task config shares (conf/task_library/_lm_eval.yaml) and data_dir."""
+    definitions, with the options the task config shares (conf/task_base/lm_eval.yaml) and data_dir."""
     entries = lm_eval_entries(OmegaConf.to_container(cfg.task.lm_eval, resolve=True)
                               if OmegaConf.is_config(cfg.task.get("lm_eval")) else cfg.task.get("lm_eval"))
     if not entries:
@@ -45,10 +45,10 @@ def task_definitions(cfg: DictConfig) -> dict[str, tuple[str, dict]]:
     """Each task's definition under `task.protocol`, resolved, with the config path it came from.
 
     `task.tasks.<name>` is lm-eval's version; another protocol's lives beside it under
-    `task.protocols.<protocol>.<name>` (conf/task_library/opencompass/), put there by the task's own config.
+    `task.protocols.<protocol>.<name>`, put there by the task's own config (conf/task/<name>.yaml).
     The choice is made here because Hydra's defaults list cannot select a config by a value such as
     task.protocol, and keeping the versions apart leaves `task.tasks.<name>` a plain task definition
-    that calib=task can reuse. A definition with its own `protocol` option builds every protocol's
+    that `task@calib.task=NAME` can reuse. A definition with its own `protocol` option builds every protocol's
     version itself (BBH) and is used as it is."""
     protocol = cfg.task.get("protocol") or NATIVE_PROTOCOL
     offered = cfg.task.get("protocols") or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from dataclasses import dataclass
 
@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
 from prunebench.api.errors import ConfigError
 from prunebench.api.model_keys import PLANNING_KEYS, run_dtype
+from prunebench.api.task_keys import chosen_definition
 from prunebench.cache import content_key
 
 IDENTITY, RUNTIME = "identity", "runtime"
@@ -134,6 +135,13 @@ def check_added_keys(cfg: DictConfig, overrides: list[str]) -> None:
 def fields(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None) -> dict:
     """The resolved config without what never changes a job's numbers (`CONTRACT`)."""
     data = OmegaConf.to_container(cfg, resolve=True)
+    # a benchmark chosen for calibration or recovery (task@calib.task=NAME) is keyed by its one
+    # definition, what the job reads: runs stored when that definition was selected alone keep their keys
+    for owner in ("calib", "recovery"):
+        node = data.get(owner)
+        if isinstance(node, dict) and isinstance(node.get("task"), dict):
+            with suppress(ValueError):  # a suite chosen there is refused by validation, not here
+                node["task"] = OmegaConf.to_container(chosen_definition(node["task"], f"{owner}.task"))
     if "dtype" in data.get("model", {}):
         data["model"]["dtype"] = run_dtype(cfg.model)
     for field in CONTRACT:
