@@ -93,7 +93,7 @@ def test_random_windows_of_a_large_one_line_text_are_cut_in_pieces_whatever_its_
         cfg = compose_cfg([*TINY_MC, "pruner=magnitude", "recovery=lora", "recovery.data=file", f"recovery.path={path}",
                            "recovery.n_samples=16", "recovery.seq_len=128"])
         tokenizer = CharTokenizer()
-        extra, count = transient_bytes(lambda: recovery_data(cfg).windows(tokenizer))
+        extra, count = transient_bytes(lambda: recovery_data(cfg).examples(tokenizer))
         assert count == 16
         assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
         sizes[megabytes] = extra
