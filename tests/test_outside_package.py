@@ -1,5 +1,5 @@
 """A lab's own pruner, task, experiment, recovery data kind and export format, kept in its own
-package (examples/mylab) and found through Hydra's search path (docs/extending.md): installed,
+package (examples/mylab) and found through Hydra's search path (docs/architecture.md): installed,
 they sweep like built-ins with their scores cached across ratios, validation reads what the class
 declares, the score cache tells packages apart, `prunebench-plan` expands the package's
 experiment, its chat conversations recover a pruned model through the job, and a job writes its
@@ -199,7 +199,7 @@ def test_ria_prunes_the_language_tower_of_a_vision_language_model(mylab, calib_t
 
 
 def test_a_model_config_in_a_folder_builds_on_a_built_in_one(tmp_path):
-    """docs/extending.md's model example, read from a file:// folder: its defaults list finds
+    """docs/architecture.md's model example, read from a file:// folder: its defaults list finds
     prunebench's hf_causal across the search path."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "mylab-llama-ft.yaml").write_text(

@@ -12,6 +12,7 @@ import time
 from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from prunebench.api.errors import ConfigError
 from prunebench.calibration import calibration_config
 from prunebench.models.cache import get_model
 from prunebench.models.checks import stated_config
@@ -83,31 +84,34 @@ def footprint(cfg: DictConfig, config, pruner) -> Footprint:
 def check_onload(cfg: DictConfig, config, pruner: Pruner) -> None:
     """pruning.onload, before the model loads: a known value, a model read from its checkpoint files
     by from_pretrained, a pruner that works block by block, and a budget one block at a time fits
-    (ValueError naming the numbers). `config`: the checkpoint's config (None: not read yet, a plan's
+    (ConfigError naming the numbers). `config`: the checkpoint's config (None: not read yet, a plan's
     hub id, whose budget is checked when the job starts)."""
     onload = onload_option(cfg)
     if onload not in ONLOAD:
-        raise ValueError(f"pruning.onload={onload!r}: use one of {list(ONLOAD)} (sequential: the decoder blocks "
+        raise ConfigError(f"pruning.onload={onload!r}: use one of {list(ONLOAD)} (sequential: the decoder blocks "
                          f"stay in host memory or on disk and come to model.device one at a time; auto: so when "
                          f"the whole model does not fit)")
     if onload == "none":
         return
     memory = OmegaConf.select(cfg, "pruning.memory_gb")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
-        raise ValueError(f"pruning.memory_gb={memory!r} must be a positive number of GB, or null ({cfg.model.device}'s "
+        raise ConfigError(f"pruning.memory_gb={memory!r} must be a positive number of GB, or null ({cfg.model.device}'s "
                          f"free memory when the job starts)")
     if cfg.model.get("device_map"):
-        raise ValueError(f"pruning.onload={onload} places the decoder blocks itself; leave model.device_map=null "
+        raise ConfigError(f"pruning.onload={onload} places the decoder blocks itself; leave model.device_map=null "
                          f"(or place the model with model.device_map alone and pruning.onload=none)")
     if "offload_folder" not in inspect.signature(get_method(cfg.model._target_)).parameters:
-        raise ValueError(f"pruning.onload={onload} reads each decoder block from the checkpoint's files through "
+        raise ConfigError(f"pruning.onload={onload} reads each decoder block from the checkpoint's files through "
                          f"from_pretrained; model={cfg.model.name!r} is loaded by {cfg.model._target_}, which builds it "
                          f"another way: save it (save_pretrained) and use model=hf_causal model.path=FOLDER")
     if not is_dense(cfg) and pruner.onload_refusal:
-        raise ValueError(f"pruner={cfg.pruner.name!r} cannot prune onloaded (pruning.onload={onload}): "
+        raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune onloaded (pruning.onload={onload}): "
                          f"{pruner.onload_refusal}; use pruning.onload=none on a device that holds the model")
     if config is not None:
-        onloads(cfg, pruner, config)
+        try:
+            onloads(cfg, pruner, config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def onloads(cfg: DictConfig, pruner: Pruner, config=None) -> bool:

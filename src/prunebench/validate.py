@@ -57,10 +57,7 @@ def validate(cfg: DictConfig, deferred: list[str] | None = None, overrides: list
         raise ConfigError(str(err)) from None
     config = stated_config(cfg.model, deferred)  # a checkpoint's config.json, read once for the checks below
     check_model_folder(cfg.model)
-    try:
-        check_onload(cfg, config, pruner)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_onload(cfg, config, pruner)
     if float(cfg.sparsity) > 0:
         try:
             pruner.check_config(config, float(cfg.sparsity))

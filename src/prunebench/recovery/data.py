@@ -1,6 +1,6 @@
 """What a recovery trains on, as token examples {input_ids, labels}, and the checks that refuse bad
 data before any model loads. Each `recovery.data` kind is a `RecoveryData` subclass: prunebench's
-by name in `KINDS`, a lab's by `_target_` (docs/extending.md), so a new kind touches no code here.
+by name in `KINDS`, a lab's by `_target_` (docs/architecture.md), so a new kind touches no code here.
 
 Two shapes of data, as the released recipes read them:
 - instruction records {instruction, input, output} (alpaca-cleaned, a local JSON/JSONL): each record
@@ -366,7 +366,7 @@ def data_kind(data) -> tuple[type[RecoveryData], dict]:
                          f"its package installed, or on PYTHONPATH?") from None
     if not (isinstance(kind, type) and issubclass(kind, RecoveryData)):
         raise ValueError(f"recovery.data._target_={target!r} is not a prunebench.recovery.data.RecoveryData "
-                         f"subclass: a recovery data kind subclasses it (docs/extending.md)")
+                         f"subclass: a recovery data kind subclasses it (docs/architecture.md)")
     return kind, own
 
 
