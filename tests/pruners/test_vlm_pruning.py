@@ -16,6 +16,7 @@ from prunebench.models.attention import attention_heads
 from prunebench.models.cache import get_model
 from prunebench.validate import validate
 from helpers.vlm_pruning import image_inputs, pruned
+from prunebench.calibration import calibration_config
 
 VISION, PROJECTOR, LANGUAGE = "model.vision_tower.", "model.multi_modal_projector.", "model.language_model."
 # image+text calibration: two easy_vqa train questions with their images and answers (offline)
@@ -85,7 +86,7 @@ def test_his_of_vision_heads_llava_never_reads_is_zero(tiny_llava):
     """LLaVA takes its image features from the vision tower's second-to-last layer
     (vision_feature_layer=-2), so the last layer's heads cannot move the loss."""
     cfg = compose_cfg(["model=tiny-llava", "task=easy_vqa", "pruner=heads_his", "pruner.tower=vision", *IMAGE_TEXT])
-    pruner, calib = instantiate(cfg.pruner, _convert_="all"), instantiate(cfg.calib, _convert_="all")
+    pruner, calib = instantiate(cfg.pruner, _convert_="all"), instantiate(calibration_config(cfg), _convert_="all")
     his = pruner.score(copy.deepcopy(tiny_llava), calib)["his"]
     assert his[0].gt(0).all() and his[1].eq(0).all()
 
@@ -123,7 +124,7 @@ def test_width_pruned_language_model_saves_and_reloads(tiny_llava, tmp_path):
 
 def test_image_text_batches_label_the_answer_only(tiny_llava):
     cfg = compose_cfg(["model=tiny-llava", *IMAGE_TEXT, "calib.n_samples=3"])
-    calib = instantiate(cfg.calib, _convert_="all")
+    calib = instantiate(calibration_config(cfg), _convert_="all")
     batches = calib.batches(tiny_llava, 2)
     assert [b["input_ids"].shape[0] for b in batches] == [2, 1] and all("pixel_values" in b for b in batches)
     docs = calib.task.docs()

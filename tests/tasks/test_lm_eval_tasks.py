@@ -427,7 +427,8 @@ def test_a_hydra_multirun_sweeps_over_lm_eval_tasks(store):
     out = subprocess.run([sys.executable, "-m", "prunebench", "-m", "model=tiny-llama", "pruner=none", "task=lm_eval",
                           "task.lm_eval=boolq,rte", f"data_dir={FIXTURES / 'benchmarks'}", "plan=true"],
                          capture_output=True, text=True, check=True).stdout
-    assert "0  left     tiny/eval  task.lm_eval=boolq" in out and "1  left     tiny/eval  task.lm_eval=rte" in out
+    # a fresh store: no finished run of these jobs, so no time estimate
+    assert "0  left     tiny/eval  unknown  task.lm_eval=boolq" in out and "1  left     tiny/eval  unknown  task.lm_eval=rte" in out
     cfg = compose_cfg([*TINY, "task=lm_eval", "task.lm_eval=rte"])
     assert cfg.task.name == "rte"
 
