@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "benchmarks"
 JOB = ["model=tiny-llama", "pruner=none", "task=winogrande", f"data_dir={FIXTURES}", "limit=1",
        "trainer.enable_progress_bar=false"]
-# the libraries a job must have (issue 44): what no job can start faster than
+# the libraries a job must have: what no job can start faster than
 FLOOR = "import torch, lightning, torchmetrics, mlflow, transformers, hydra"
 PRUNEBENCH = str(Path(sys.executable).parent / "prunebench")
 # what a job logs of its own work (pruning.prune, job.execute); the rest of its time is overhead
@@ -179,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=4, help="jobs in the sweep whose per-job cost is measured")
     parser.add_argument("--rounds", type=int, default=3, help="runs of the floor and of the job, interleaved")
-    parser.add_argument("--only-goals", action="store_true", help="issue 44's goals only, not the phases")
+    parser.add_argument("--only-goals", action="store_true", help="the goals only (floor and per-job cost), not the phases")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     args = parser.parse_args()
     if not 2 < args.jobs < 10:

@@ -34,14 +34,13 @@ if WORKERS > 1:  # a worker (pytest-xdist's controller runs no test and imports 
 
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# the longest modules first, longest to shortest (--durations, 2026-12-02: a SLURM cluster's sweeps,
-# a tracking server's, the real-model conformance runs, the presets' grids...), so that no long one is
-# the last still running on one worker while the other idles (make test keeps this order); test_interrupt.py
-# placed by its count of sweeps (26: 8.4 min of its 18 phase tests on a loaded machine), not yet by --durations
+# the longest modules first, longest to shortest by pytest's --durations (a SLURM cluster's sweeps, a
+# tracking server's, the interruption sweeps, the real-model conformance runs, the presets' grids...),
+# so that no long one is the last still running on one worker while the other idles (make test keeps this order)
 FIRST = ("test_slurm.py", "test_server.py", "test_interrupt.py", "test_lm_eval_tasks.py", "test_preset_jobs.py",
          "test_presets.py",
          "test_sweep.py", "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py",
-         # then the longest of `make test-fast`'s (2026-12-05), so that neither run ends on one of them
+         # then the longest of `make test-fast`'s, so that neither run ends on one of them
          "test_olmo_eval_data.py", "test_vlm_pruning.py", "test_config.py", "test_paper_report.py",
          "test_lm_eval_index.py", "test_report.py", "test_export.py", "test_classification.py", "test_bad_input.py")
 

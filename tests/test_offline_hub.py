@@ -1,4 +1,4 @@
-"""Plans and validation never wait on the network (issue 44): a plan reads a hub model's config.json
+"""Plans and validation never wait on the network: a plan reads a hub model's config.json
 only from the local Hugging Face cache, and a job asks the hub once, without huggingface_hub's
 minutes of retries. The hub here is an address on this machine that refuses connections, the cache
 a throwaway HF_HOME, HF_HUB_OFFLINE unset: a machine without network, as a new user has it."""
