@@ -125,7 +125,7 @@ def close_to(expected, depth: int, dtype: torch.dtype | None = None):
 def compose_cfg(overrides: list[str] = ()):
     """Hydra's compose of `overrides` as a job gets it: `prunebench.composer.Composer`, one for the
     test process (Hydra's `compose` of each set of group choices once, the values set on a copy as
-    Hydra sets them); tests/test_composer.py holds it equal to Hydra's full compose."""
+    Hydra sets them); tests/test_presets.py holds it equal to Hydra's full compose."""
     global COMPOSER
     from prunebench.composer import Composer  # here: pytest-xdist's controller imports this module too
 

@@ -34,7 +34,9 @@ def test_a_plan_composes_each_job_as_hydra_composes_it(preset_data):
                                                 "sparsity=0.1,0.3"]) if j.overrides[0] != DENSE]
     assert len(jobs) == 8
     jobs += [["model=tiny-llama", "limit=3", "hydra.job.chdir=true"], ["model=tiny-llama", "calib=c4", "limit=4"],
-             ["model=tiny-llama", "task=[commonsense,openbookqa]", "task.name=commonsense", "limit=2"]]
+             ["model=tiny-llama", "task=[commonsense,openbookqa]", "task.name=commonsense", "limit=2"],
+             # values for a preset's mandatory `???` paths: set on the cached tree, as Hydra sets them
+             ["experiment=hies_vit", "finetuned=vit-large-cifar100", "pruner=heads_l2", *tiny("hies_vit", preset_data)]]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         compose_job = Composer("config")
         for overrides in jobs:

@@ -7,7 +7,7 @@ values set by `OmegaConf.update`, the call Hydra itself makes for a `key=value` 
 text is read by Hydra's own grammar: the `+key=value` lines of a job are composed onto no primary
 config (`compose(None, ...)`), once per distinct line. Anything else (`+`, `++`, `~`, a `key@package`,
 a dict value, a key that is not in the config) is composed in full, so Hydra itself answers or
-refuses it. `tests/test_composer.py` holds the result equal to Hydra's full compose."""
+refuses it. `tests/test_presets.py` holds the result equal to Hydra's full compose."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from hydra import compose
 from hydra.core.config_loader import ConfigLoader
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
 class Composer:
@@ -47,9 +47,7 @@ class Composer:
                 break
             groups = found
         values = self.parsed([o for o in overrides if o not in choices])
-        missing = object()
-        if values is None or any(OmegaConf.select(tree, key, default=missing, throw_on_resolution_failure=False)
-                                 is missing for key, _ in values):
+        if values is None or not all(defines(tree, key) for key, _ in values):
             return self.full(overrides)
         cfg = copy.deepcopy(tree)
         for key, value in values:
@@ -95,6 +93,16 @@ class Composer:
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
         return found
+
+
+def defines(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` (dotted) is a node of `cfg`, a mandatory `???` value included (a preset's path
+    the command line must give), which `OmegaConf.select` reports as absent."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+    if isinstance(node, ListConfig):
+        return leaf.isdigit() and int(leaf) < len(node)
+    return isinstance(node, DictConfig) and leaf in node.keys()  # `in node` is False for a `???` value
 
 
 class ComposingLoader(ConfigLoader):
