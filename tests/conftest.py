@@ -137,19 +137,21 @@ def compose_cfg(overrides: list[str] = ()):
 COMPOSER = None
 
 
-def planned_sweep(arguments: list[str], sweeps: list[str] = ()) -> list:
+def planned_sweep(arguments: list[str], sweeps: list[str] = (), validated: bool = True) -> list:
     """`prunebench-plan *arguments *sweeps`'s jobs (prunebench.plan.PlannedJob): `arguments` compose
-    the sweep's config (a preset's axes come with it), `sweeps` are the command line's sweeps."""
+    the sweep's config (a preset's axes come with it), `sweeps` are the command line's sweeps.
+    `validated=False`: only each job's overrides, in launch order, as the sweeper expands the grid
+    (`plan.sweep_grid`), for a test that runs some of them and leaves the plan to test_presets.py."""
     from hydra import compose
     from omegaconf import open_dict
 
-    from prunebench.plan import planned
+    from prunebench.plan import planned, sweep_grid
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=list(arguments), return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.overrides.task = [*arguments, *sweeps]
-        return planned(cfg)
+        return planned(cfg) if validated else sweep_grid(cfg)
 
 
 @pytest.fixture

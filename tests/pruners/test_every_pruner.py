@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
@@ -33,12 +34,15 @@ UNCALIBRATED = ["calib=none"]
 
 
 def options() -> list[tuple[str, str]]:
+    """(option, family) pairs, at collection: each option composed alone (`+pruner=NAME` onto no primary
+    config), which names its class without the whole config's defaults tree."""
     cases = []
-    for path in sorted((Path(CONF_DIR) / "pruner").glob("*.yaml")):
-        if path.stem == "none":
-            continue
-        cls = get_class(compose_cfg([f"pruner={path.stem}"]).pruner._target_)
-        cases += [(path.stem, family) for family in sorted(cls.families) if family in FAMILIES]
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        for path in sorted((Path(CONF_DIR) / "pruner").glob("*.yaml")):
+            if path.stem == "none":
+                continue
+            cls = get_class(compose(None, overrides=[f"+pruner={path.stem}"]).pruner._target_)
+            cases += [(path.stem, family) for family in sorted(cls.families) if family in FAMILIES]
     return cases
 
 
