@@ -284,10 +284,11 @@ def preset_judge():
 @pytest.fixture(scope="module")
 def preset_data(tmp_path_factory, preset_judge):
     """One data_dir in ../shared/data's layout (the benchmark fixtures, GLUE, WikiText-2, two BBH
-    subtasks), an alpaca file, image trees for the vision preset and a stand-in checkpoint path; the
+    subtasks), an alpaca file, a tiny instruct model's folder, image trees for the vision preset and a stand-in checkpoint path; the
     vision-language benchmarks' files with stand-in images and the judge's URL for the LLaVA presets."""
     from helpers.glue import glue_tsv
     from helpers.images import cifar100, fashion_mnist, food101, image_folder
+    from helpers.instruct import save_instruct_model
     from helpers.vlm_fixtures import write_vlm_data
 
     root = tmp_path_factory.mktemp("data")
@@ -308,4 +309,5 @@ def preset_data(tmp_path_factory, preset_judge):
               "cifar100": (cifar100(root / "c100"),), "food101": (food101(root / "f101"),),
               "fashion_mnist": (fashion_mnist(root / "fm"),)}
     vlm_root, images = write_vlm_data(tmp_path_factory.mktemp("vlm"))
+    save_instruct_model(root / "tiny-instruct")  # the instruct preset's stand-in: a model with a chat template
     return root, alpaca, vision, (vlm_root, images, preset_judge)

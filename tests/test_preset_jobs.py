@@ -14,12 +14,7 @@ from prunebench.paths import CONF_DIR
 from helpers.presets import GRIDS, tiny
 
 
-# a chat template is what the instruct preset is about, and no tiny model carries one: its jobs run
-# SmolLM2-135M-Instruct itself
-REAL = {"instruct"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.real_model) if n in REAL else n for n in sorted(GRIDS)])
+@pytest.mark.parametrize("name", sorted(GRIDS))
 def test_preset_first_two_jobs_run_on_tiny_models(name, preset_data, store):
     first_two = planned_sweep([f"experiment={name}", *tiny(name, preset_data)], validated=False)[:2]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):

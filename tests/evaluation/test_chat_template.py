@@ -7,7 +7,6 @@ options are refused before any model loads where they cannot apply; stored runs 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -18,6 +17,8 @@ from lightning import Trainer
 from omegaconf import OmegaConf
 
 from conftest import FIXTURES, close_to, compose_cfg
+from helpers.instruct import TEMPLATE
+from helpers.instruct import templated as with_template
 from prunebench.api.errors import ConfigError
 from prunebench.evaluation import chat
 from prunebench.evaluation.registry import evaluation
@@ -29,9 +30,6 @@ needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, 
 TINY = ["model=tiny-llama", "model.config.max_position_embeddings=2048", "trainer.enable_progress_bar=false",
         "trainer.logger=false"]
 SYSTEM = "You are a careful assistant. Answer briefly."
-# a Zephyr-like template that writes the BOS itself: the tokenizer, which prepends one by default, must not add a second
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 ARC = [{"id": f"arc-{i}", "question": q, "choices": {"text": c, "label": list("ABCD"[:len(c)])}, "answerKey": "ABCD"[a]}
        for i, (q, c, a) in enumerate([
@@ -69,14 +67,9 @@ def data_files(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def templated():
-    """tiny-llama with a chat template written into a copy of its tokenizer (the cached model's own
-    tokenizer, which other tests share, keeps none)."""
-    import copy
-
-    loaded = get_model(compose_cfg(TINY).model)
-    tokenizer = copy.deepcopy(loaded.tokenizer)
-    tokenizer.chat_template = TEMPLATE
-    return dataclasses.replace(loaded, tokenizer=tokenizer)
+    """tiny-llama with a chat template (helpers/instruct.py's TEMPLATE, a Zephyr-like one that writes
+    the BOS itself: the tokenizer, which prepends one by default, must not add a second)."""
+    return with_template(get_model(compose_cfg(TINY).model))
 
 
 def options(**chat_options) -> OmegaConf:

@@ -31,9 +31,9 @@ def tiny(name: str, data) -> list[str]:
         calib = "calib.task.tasks.scienceqa_img"
         return [*vlm, "model.text_config.num_hidden_layers=6", "calib.n_samples=2", f"{calib}.image_dir={images}",
                 f"{calib}.source.path={vlm_root / 'scienceqa' / 'llava_test_CQM-A.json'}", "calib.allow_eval_split=true"]
-    if name == "instruct":  # a model with a chat template (read from its GGUF, not loaded); MMLU is no fixture
-        return [*common, "model=smollm2-135m", "calib.n_samples=2", "calib.seq_len=16", "calib.allow_eval_split=true",
-                "task.lm_eval=[]"]
+    if name == "instruct":  # tiny-llama with a chat template, as a checkpoint folder; MMLU is no fixture
+        return [*common, "model=hf_causal", f"model.path={root / 'tiny-instruct'}", "calib.n_samples=2",
+                "calib.seq_len=16", "calib.allow_eval_split=true", "task.lm_eval=[]"]
     if name.startswith("mop"):  # six blocks: MoP's L steps keep the last two
         return [*common, "model=tiny-llama", "model.config.num_hidden_layers=6", f"calib.path={alpaca}",
                 "calib.n_samples=3", *LATENCY]
