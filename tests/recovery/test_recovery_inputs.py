@@ -48,20 +48,28 @@ def transient_bytes(windows) -> tuple[int, int]:
     return peak - kept, len(made)
 
 
+WORDS = "lorem ipsum dolor sit amet "
+
+
+def one_line_text(folder, megabytes: int):
+    """A text of about `megabytes` MB with no line end at all: what a reader of lines would take whole."""
+    path = folder / f"one_line_{megabytes}.txt"
+    path.write_text(WORDS * (megabytes * (1 << 20) // len(WORDS)))
+    return path
+
+
 def test_a_one_line_text_is_tokenized_in_pieces_whatever_its_size(tmp_path, monkeypatch):
     import prunebench.recovery.data as data
 
     monkeypatch.setattr(data, "window_prefix", lambda tokenizer: [1])
-    words = "lorem ipsum dolor sit amet "
     sizes = {}
     for megabytes in (1, 4):
-        path = tmp_path / f"one_line_{megabytes}.txt"
-        path.write_text(words * (megabytes * (1 << 20) // len(words)))  # no line end at all
+        path = one_line_text(tmp_path, megabytes)
         tokenizer = CharTokenizer()
         extra, count = transient_bytes(lambda: streamed_windows(TextFile(str(path), option="recovery.path"),
                                                                 tokenizer, 128))
         assert count == path.stat().st_size // 127
-        assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
+        assert tokenizer.longest <= (1 << 20) + len(WORDS)  # a piece, never the whole text
         sizes[megabytes] = extra
     # tokenized whole, the 4 MB text's token list alone was 4x the 1 MB one's: here the transient
     # memory is a piece's, the same at both sizes
@@ -85,17 +93,15 @@ def test_random_windows_of_a_large_one_line_text_are_cut_in_pieces_whatever_its_
     import prunebench.calibration as calibration
 
     monkeypatch.setattr(calibration, "window_prefix", lambda tokenizer: [1])
-    words = "lorem ipsum dolor sit amet "
     sizes = {}
     for megabytes in (2, 20):
-        path = tmp_path / f"one_line_{megabytes}.txt"
-        path.write_text(words * (megabytes * (1 << 20) // len(words)))  # no line end at all
+        path = one_line_text(tmp_path, megabytes)
         cfg = compose_cfg([*TINY_MC, "pruner=magnitude", "recovery=lora", "recovery.data=file", f"recovery.path={path}",
                            "recovery.n_samples=16", "recovery.seq_len=128"])
         tokenizer = CharTokenizer()
         extra, count = transient_bytes(lambda: recovery_data(cfg).examples(tokenizer))
         assert count == 16
-        assert tokenizer.longest <= (1 << 20) + len(words)  # a piece, never the whole text
+        assert tokenizer.longest <= (1 << 20) + len(WORDS)  # a piece, never the whole text
         sizes[megabytes] = extra
     # tokenized whole, the peak grew with the text (19 MB for 2 MB, 202 MB for 20 MB); in pieces it is
     # two pieces' tokens and a piece's text at either size (28.5 MB both), so only how far a list had
