@@ -45,8 +45,9 @@ def prune(cfg: DictConfig, dense: bool, writer=None) -> tuple[LoadedModel, Prune
     reported (numbers: metrics; words: tags, the score cache's state among them) and what the
     export `writer` (export/writer.Writer) takes of the model before pruning (None: no writer)."""
     pruner = instantiate(cfg.pruner, _convert_="all")
-    onload = onloads(cfg, pruner)
-    loaded = get_model(cfg.model, placement(cfg, onload))
+    config = stated_config(cfg.model) if onload_option(cfg) != "none" else None  # read once, for both below
+    onload = onloads(cfg, pruner, config)
+    loaded = get_model(cfg.model, placement(cfg, onload, config))
     before = writer.before_pruning(loaded.model) if writer is not None else None
     start = time.perf_counter()
     scores, stats = None, {}
@@ -89,24 +90,24 @@ def check_onload(cfg: DictConfig, config, pruner: Pruner) -> None:
     onload = onload_option(cfg)
     if onload not in ONLOAD:
         raise ConfigError(f"pruning.onload={onload!r}: use one of {list(ONLOAD)} (sequential: the decoder blocks "
-                         f"stay in host memory or on disk and come to model.device one at a time; auto: so when "
-                         f"the whole model does not fit)")
+                          f"stay in host memory or on disk and come to model.device one at a time; auto: so when "
+                          f"the whole model does not fit)")
     if onload == "none":
         return
     memory = OmegaConf.select(cfg, "pruning.memory_gb")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
         raise ConfigError(f"pruning.memory_gb={memory!r} must be a positive number of GB, or null ({cfg.model.device}'s "
-                         f"free memory when the job starts)")
+                          f"free memory when the job starts)")
     if cfg.model.get("device_map"):
         raise ConfigError(f"pruning.onload={onload} places the decoder blocks itself; leave model.device_map=null "
-                         f"(or place the model with model.device_map alone and pruning.onload=none)")
-    if "offload_folder" not in inspect.signature(get_method(cfg.model._target_)).parameters:
+                          f"(or place the model with model.device_map alone and pruning.onload=none)")
+    if not reads_checkpoint_files(cfg.model):
         raise ConfigError(f"pruning.onload={onload} reads each decoder block from the checkpoint's files through "
-                         f"from_pretrained; model={cfg.model.name!r} is loaded by {cfg.model._target_}, which builds it "
-                         f"another way: save it (save_pretrained) and use model=hf_causal model.path=FOLDER")
+                          f"from_pretrained; model={cfg.model.name!r} is loaded by {cfg.model._target_}, which builds it "
+                          f"another way: save it (save_pretrained) and use model=hf_causal model.path=FOLDER")
     if not is_dense(cfg) and pruner.onload_refusal:
         raise ConfigError(f"pruner={cfg.pruner.name!r} cannot prune onloaded (pruning.onload={onload}): "
-                         f"{pruner.onload_refusal}; use pruning.onload=none on a device that holds the model")
+                          f"{pruner.onload_refusal}; use pruning.onload=none on a device that holds the model")
     if config is not None:
         try:
             onloads(cfg, pruner, config)
@@ -127,13 +128,19 @@ def onloads(cfg: DictConfig, pruner: Pruner, config=None) -> bool:
     return decide(onload, footprint(cfg, config, pruner), budget, str(cfg.model.device))
 
 
-def placement(cfg: DictConfig, onload: bool) -> dict | None:
+def reads_checkpoint_files(model_cfg: DictConfig) -> bool:
+    """Whether the model's loader is a from_pretrained one, which can leave blocks offloaded (it takes
+    `offload_folder`); a tiny or GGUF loader builds its model another way."""
+    return "offload_folder" in inspect.signature(get_method(model_cfg._target_)).parameters
+
+
+def placement(cfg: DictConfig, onload: bool, config=None) -> dict | None:
     """The loader's `offload_folder` for a model accelerate offloads (sequential onloading, or a
     model.device_map with `disk` entries), where edited blocks' weights are written: pruning.offload_folder,
     else a temporary folder removed at the next job; onloading, also its `device_map`, the blocks away
-    from model.device (models/offload.onload_map). None: the loader places the model as it always has."""
-    loader = inspect.signature(get_method(cfg.model._target_)).parameters
-    if not (onload or cfg.model.get("device_map")) or "offload_folder" not in loader:
+    from model.device (models/offload.onload_map). None: the loader places the model as it always has.
+    `config`: the checkpoint's (read here when not given)."""
+    if not (onload or cfg.model.get("device_map")) or not reads_checkpoint_files(cfg.model):
         return None
     folder = OmegaConf.select(cfg, "pruning.offload_folder")
     for done in _SCRATCH:  # the last job's, whose model is evaluated and gone
@@ -145,7 +152,7 @@ def placement(cfg: DictConfig, onload: bool) -> dict | None:
         folder = scratch.name
     if not onload:
         return {"offload_folder": str(folder)}
-    model = meta_model(stated_config(cfg.model))
+    model = meta_model(stated_config(cfg.model) if config is None else config)
     prefix, blocks = transformer_blocks(model)
     return {"device_map": onload_map(model, prefix, len(blocks), str(cfg.model.device)), "offload_folder": str(folder)}
 
