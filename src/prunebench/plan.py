@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from collections import Counter
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
