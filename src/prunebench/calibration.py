@@ -23,8 +23,8 @@ from prunebench.evaluation.encoding import window_prefix
 
 SAMPLING = ("stream", "document")
 
-
 log = logging.getLogger(__name__)
+
 
 def piece_tokens(corpus: TextCorpus, tokenizer) -> Iterator[list[int]]:
     """The corpus's tokens, a piece of its text at a time (`TextCorpus.pieces`)."""
