@@ -35,6 +35,9 @@ def test_a_plan_composes_each_job_as_hydra_composes_it(preset_data):
     assert len(jobs) == 8
     jobs += [["model=tiny-llama", "limit=3", "hydra.job.chdir=true"], ["model=tiny-llama", "calib=c4", "limit=4"],
              ["model=tiny-llama", "task=[commonsense,openbookqa]", "task.name=commonsense", "limit=2"],
+             # a group the defaults list lacks, appended (dsnot's `+sparsity_type` axis), and a new root key
+             ["experiment=dsnot", "model=tiny-llama", "+sparsity_type=nm_2_4", "pruner=wanda", "limit=2"],
+             ["model=tiny-llama", "+lab_note=hello", "sparsity=0.3"],
              # values for a preset's mandatory `???` paths: set on the cached tree, as Hydra sets them
              ["experiment=hies_vit", "finetuned=vit-large-cifar100", "pruner=heads_l2", *tiny("hies_vit", preset_data)]]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):

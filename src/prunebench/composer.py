@@ -5,9 +5,10 @@ building the defaults tree is the costly part of a compose. As lightning-hydra-t
 the tree is composed once per set of choices with `hydra.compose`, and each job gets a copy with its
 values set by `OmegaConf.update`, the call Hydra itself makes for a `key=value` override. A value's
 text is read by Hydra's own grammar: the `+key=value` lines of a job are composed onto no primary
-config (`compose(None, ...)`), once per distinct line. Anything else (`+`, `++`, `~`, a `key@package`,
-a dict value, a key that is not in the config) is composed in full, so Hydra itself answers or
-refuses it. `tests/test_presets.py` holds the result equal to Hydra's full compose."""
+config (`compose(None, ...)`), once per distinct line. A `+name=value` line (a group the defaults
+list lacks, as a preset's `+sparsity_type`, or a new root key) goes into the tree's compose with the
+choices. Anything else (`++`, `~`, `+a.b=...`, a `key@package`, a dict value, a key that is not in
+the config) is composed in full, so Hydra itself answers or refuses it. `tests/test_presets.py` holds the result equal to Hydra's full compose."""
 
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ class Composer:
 
     def __call__(self, overrides: Iterable[str]) -> DictConfig:
         overrides = list(overrides)
-        if any(line.startswith(("+", "~")) or "@" in line.split("=", 1)[0] for line in overrides):
+        if any(line.startswith(("+", "~")) and not appends(line) or "@" in line.split("=", 1)[0] for line in overrides):
             return self.full(overrides)
         choices, groups = (), self.groups(())
         while True:  # an option may bring groups of its own (a lab's pruner with a schedule group)
-            chosen = tuple(o for o in overrides if o.split("=", 1)[0] in groups or o.startswith("hydra."))
+            chosen = tuple(o for o in overrides if o.split("=", 1)[0] in groups or o.startswith("hydra.") or appends(o))
             if chosen == choices and choices:
                 break
             choices = chosen
@@ -93,6 +94,13 @@ class Composer:
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
         return found
+
+
+def appends(line: str) -> bool:
+    """`+name=value`: Hydra appends a group option (or a root key) to the defaults list, which the
+    tree's own compose does as the full compose would."""
+    key = line.split("=", 1)[0]
+    return key.startswith("+") and not key.startswith("++") and "." not in key and "@" not in key
 
 
 def defines(cfg: DictConfig, key: str) -> bool:
