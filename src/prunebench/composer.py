@@ -8,7 +8,8 @@ text is read by Hydra's own grammar: the `+key=value` lines of a job are compose
 config (`compose(None, ...)`), once per distinct line. A `+name=value` line (a group the defaults
 list lacks, as a preset's `+sparsity_type`, or a new root key) goes into the tree's compose with the
 choices. Anything else (`++`, `~`, `+a.b=...`, a `key@package`, a dict value, a key that is not in
-the config) is composed in full, so Hydra itself answers or refuses it. `tests/test_presets.py` holds the result equal to Hydra's full compose."""
+the config) is composed in full, so Hydra itself answers or refuses it. `tests/test_presets.py`
+holds the result equal to Hydra's full compose."""
 
 from __future__ import annotations
 
