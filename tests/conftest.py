@@ -37,8 +37,7 @@ if WORKERS > 1:  # a worker (pytest-xdist's controller runs no test and imports 
 # the longest modules first, longest to shortest by pytest's --durations (a SLURM cluster's sweeps, a
 # tracking server's, the interruption sweeps, the real-model conformance runs, the presets' grids...),
 # so that no long one is the last still running on one worker while the other idles (make test keeps this order)
-FIRST = ("test_slurm.py", "test_server.py", "test_interrupt.py", "test_lm_eval_tasks.py", "test_preset_jobs.py",
-         "test_presets.py",
+FIRST = ("test_slurm.py", "test_server.py", "test_interrupt.py", "test_lm_eval_tasks.py", "test_presets.py",
          "test_sweep.py", "test_lm_eval_conformance.py", "test_claim.py", "test_resume_report.py", "test_readme.py",
          # then the longest of `make test-fast`'s, so that neither run ends on one of them
          "test_olmo_eval_data.py", "test_vlm_pruning.py", "test_config.py", "test_paper_report.py",

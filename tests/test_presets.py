@@ -1,7 +1,6 @@
 """Paper presets: each composes and validates job by job with tiny models and self-written data
-standing in for the real ones, its grid has the size the README states, and the plan reads the
-store without writing to it. Their jobs run in test_preset_jobs.py: a module of its own, so that
-`make test`'s workers take the plans and the jobs side by side (--dist loadfile)."""
+standing in for the real ones, its grid has the size the README states, the plan reads the store
+without writing to it, and the first two jobs of its grid and their dense baseline finish."""
 
 from __future__ import annotations
 
@@ -23,6 +22,9 @@ from helpers.presets import GRIDS, QUICK, tiny
 
 def preset_plan(name: str, extra: list[str]):
     return planned_sweep([f"experiment={name}", *extra])
+
+
+PLANNED: dict[str, list] = {}  # each preset's plan as its grid test made it, for its jobs test
 
 
 def test_a_plan_composes_each_job_as_hydra_composes_it(preset_data):
@@ -55,12 +57,25 @@ def test_every_preset_option_is_a_preset_with_a_grid():
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
 def test_preset_grid_composes_and_validates_with_tiny_models(name, preset_data, fresh_store):
-    jobs = preset_plan(name, tiny(name, preset_data))
+    jobs = PLANNED[name] = preset_plan(name, tiny(name, preset_data))
     grid = [j for j in jobs if j.overrides[0] != DENSE]
     assert [j.note for j in jobs if j.status == "invalid"] == []
     assert (len(grid), len(jobs) - len(grid)) == GRIDS[name]
     assert {j.status for j in jobs} == {"left"}
     assert not Path(fresh_store.removeprefix("sqlite:///")).exists()  # validated without touching the store
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_preset_first_two_jobs_run_on_tiny_models(name, preset_data, store):
+    """The grid's first two jobs in launch order: the plan above holds them (the sweeper's expansion,
+    without its validation where this test runs alone)."""
+    grid = ([j.overrides for j in PLANNED[name] if j.overrides[0] != DENSE] if name in PLANNED
+            else planned_sweep([f"experiment={name}", *tiny(name, preset_data)], validated=False))
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        for overrides in grid[:2]:
+            job.run(compose("config", overrides=overrides), overrides)
+    runs = mlflow.search_runs(experiment_names=["prunebench"], filter_string="attributes.status = 'FINISHED'")
+    assert len(runs) == 3  # the two jobs and their dense baseline, evaluated first
 
 
 def test_plan_counts_finished_runs_and_writes_nothing(store, capsys):

@@ -1,5 +1,5 @@
 """The paper presets' stand-ins: tiny models and local files in place of a preset's real ones, and
-the grid sizes the README's "Paper presets" table states (tests/test_presets.py, test_preset_jobs.py)."""
+the grid sizes the README's "Paper presets" table states (tests/test_presets.py)."""
 
 from __future__ import annotations
 
