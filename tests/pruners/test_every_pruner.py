@@ -34,16 +34,14 @@ UNCALIBRATED = ["calib=none"]
 
 
 def options() -> list[tuple[str, str]]:
-    """(option, family) pairs, at collection: each option composed alone (`+pruner=NAME` onto no primary
-    config), which names its class without the whole config's defaults tree."""
-    cases = []
+    """(option, family) pairs, at collection: every option composed in one config onto no primary
+    config, each at a package of its own (`+pruner@options.NAME=NAME`), which names its class without
+    the whole config's defaults tree."""
+    names = [p.stem for p in sorted((Path(CONF_DIR) / "pruner").glob("*.yaml")) if p.stem != "none"]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        for path in sorted((Path(CONF_DIR) / "pruner").glob("*.yaml")):
-            if path.stem == "none":
-                continue
-            cls = get_class(compose(None, overrides=[f"+pruner={path.stem}"]).pruner._target_)
-            cases += [(path.stem, family) for family in sorted(cls.families) if family in FAMILIES]
-    return cases
+        composed = compose(None, overrides=[f"+pruner@options.{name}={name}" for name in names]).options
+    return [(name, family) for name in names for family in sorted(get_class(composed[name]._target_).families)
+            if family in FAMILIES]
 
 
 @pytest.mark.parametrize(("name", "family"), options(), ids=lambda v: v)
