@@ -61,6 +61,7 @@ class EvalTime:
     which; `bound`: a lower bound (this machine's matmul rate); `why`: the reason it is unknown."""
 
     seconds: float | None = None
+    positions: int | None = None
     basis: str = ""
     bound: bool = False
     why: str = ""
@@ -91,10 +92,10 @@ class EvalTimer:
         try:
             work = sum(self.positions(cfg, name, task) for name, task in tasks.items())
             if speeds:
-                return EvalTime(work / median(speeds), f"{runs(len(speeds))}' speed")
+                return EvalTime(work / median(speeds), work, f"{runs(len(speeds))}'{'s' * (len(speeds) == 1)} speed")
             rate = self.once("rate", machine(cfg), lambda: matmul_rate(*machine(cfg)))
             flops = 2 * self.once("parameters", model_identity(cfg), lambda: self.model(cfg).forward_parameters())
-            return EvalTime(work * flops / rate, "matmul", bound=True)
+            return EvalTime(work * flops / rate, work, "matmul", bound=True)
         except Unstated as err:
             return EvalTime(why=str(err))
 
