@@ -2,11 +2,15 @@
 
 A preset is hundreds of GPU-hours; before paying for them a user wants to see the grid it expands
 to, which jobs the store already holds (a FINISHED run with the job's run key, so a rerun skips
-them), what is left and what each remaining job costs: its cost class, and the time it may take,
-the median duration of the store's finished runs of the same setting (`timing`), or "unknown" where
-the store has none (nothing is guessed). Every job is composed and validated as the sweep would (so
-a bad cell shows here, not an hour in) and no model, score or MLflow run is made: the store is only
-read, and a store that does not exist yet is not created."""
+them), what is left and what each remaining job costs: its cost class, and the time it may take.
+That time is the median duration of the store's finished runs of the same setting (`timing`), the
+whole job; else, so that a first run of a setting is not blind, its evaluation's estimate
+(`EvalTimer`): the positions it runs (documents x tokens, as its progress bar counts them) at a speed
+measured on a machine, the store's runs of the model (a number) or this machine's matmul rate (a
+lower bound); else "unknown", with the reason. Nothing is assumed of a machine: each speed is
+measured. Every job is composed and validated as the sweep would (so a bad cell shows here, not an
+hour in) and no model weights, score or MLflow run are made: the store is only read, a store that
+does not exist yet is not created, and the tokenizers are read from local files only."""
 
 from __future__ import annotations
 
