@@ -84,7 +84,10 @@ class EvalTimer:
     (bench/probe.py) for 2 x the model's forward parameters per position: a lower bound. What is
     counted once per plan: a model's files, a task's positions per (model, task, limit, eval options),
     the rate per (dtype, device). Unknown, with the reason, where any of it is not at hand here: a hub
-    id not cached, a device this machine lacks, an engine that counts no positions (a classifier's)."""
+    id not cached, a device this machine lacks (for the matmul rate), an engine that counts no
+    positions (a classifier's). A generation's positions hold its whole `max_gen_toks`, which a stop
+    string may cut short; its bound holds still in practice, a decoding step running far below the
+    matmul rate."""
 
     def __init__(self):
         self.known: dict[tuple, object] = {}  # (what, key): a value, or the Unstated that answered it
@@ -125,8 +128,9 @@ class EvalTimer:
         from prunebench.evaluation.registry import prepared
         from prunebench.models.stated import Unstated
 
-        def count() -> int:
-            work = prepared(task, self.model(cfg).unloaded(machine(cfg)[1]), cfg.get("limit"), cfg.eval)[2]
+        def count() -> int:  # on the job's device, present here or not: it decides the batches, not their sum
+            unloaded = self.model(cfg).unloaded(str(cfg.model.get("device") or "cpu"))
+            work = prepared(task, unloaded, cfg.get("limit"), cfg.eval)[2]
             if work is None:
                 raise Unstated(f"task {name}: its engine counts no positions")
             return work
@@ -298,6 +302,7 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
             if job.evaluation.why:
                 job.note = "; ".join(filter(None, [job.note, f"time unknown: {job.evaluation.why}"]))
         return job
+
     for overrides in grid:
         deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)
         try:
