@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_MC, compose_cfg, planned_sweep
+from conftest import FIXTURES, TINY_MC, compose_cfg, planned_sweep
 from prunebench import job
 from prunebench.models import tiny
 from prunebench.plan import format_plan, readable
@@ -61,8 +61,12 @@ def test_a_left_job_is_timed_by_the_finished_runs_of_its_setting_else_by_their_s
 
 @pytest.mark.parametrize("task", [
     [*TINY_MC[1:3], "limit=3"],  # loglikelihood: each document's EncodedDoc.tokens
-    ["task=wikitext2_ppl", "task.tasks.wikitext2_ppl.seq_len=32", "limit=5"],  # perplexity: windows x their length
-], ids=["loglikelihood", "perplexity"])
+    # perplexity: windows x their length
+    ["task=wikitext2_ppl", "task.tasks.wikitext2_ppl.seq_len=32", "limit=5", "++data_dir={tmp}"],
+    # generation: each prompt and its max_gen_toks
+    ["task=bbh_zeroshot", "task.tasks.bbh_zeroshot.subtasks=[boolean_expressions,date_understanding]",
+     "task.tasks.bbh_zeroshot.max_gen_toks=8", "limit=2", f"++data_dir={FIXTURES / 'bbh'}"],
+], ids=["loglikelihood", "perplexity", "generation"])
 def test_the_plan_counts_the_positions_the_job_runs(store, tmp_path, monkeypatch, task):
     """A never-run setting's count, from the tokenizer alone, equals what the job logs having run
     (`time/eval_positions`, its progress bar's count), exactly."""
@@ -70,7 +74,7 @@ def test_the_plan_counts_the_positions_the_job_runs(store, tmp_path, monkeypatch
     (tmp_path / "wikitext2").mkdir()
     for split in ("train", "test"):
         (tmp_path / "wikitext2" / f"wiki.{split}.raw").write_text(ARTICLE)
-    base = ["model=tiny-llama", *task, f"++data_dir={tmp_path}", "trainer.enable_progress_bar=false",
+    base = ["model=tiny-llama", *(o.format(tmp=tmp_path) for o in task), "trainer.enable_progress_bar=false",
             "tracking.ensure_dense=false"]
     job.run(compose_cfg([*base, "pruner=magnitude", "sparsity=0.1"]))
     logged = stored_run(store).data.metrics["time/eval_positions"]
