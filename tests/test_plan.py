@@ -106,6 +106,19 @@ def test_a_job_on_a_device_not_here_is_unknown_with_the_reason(fresh_store):
     assert "time: none of the 1 left jobs has one (see each job's note)" in format_plan([planned])
 
 
+def test_a_hub_id_not_cached_is_unknown_with_the_reason_and_asks_no_network(fresh_store, monkeypatch):
+    import socket
+
+    asked = []
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: asked.append(address))
+    (planned,) = planned_sweep([*BASE, "model=hf_causal", "model.path=prunebench-tests/never-cached"],
+                               ["pruner=magnitude", "sparsity=0.1"])
+    assert planned.estimate == "unknown"
+    assert ("time unknown: prunebench-tests/never-cached: its tokenizer or config is not in the local Hugging Face "
+            "cache") in planned.note
+    assert asked == []
+
+
 def test_readable_durations():
-    assert [readable(s) for s in (0.0123, 4.56, 42, 89.4, 600, 5399, 7200)] == [
-        "0.012 s", "4.6 s", "42 s", "89 s", "10 min", "90 min", "2.0 h"]
+    assert [readable(s) for s in (0.00009, 0.0123, 4.56, 42, 89.4, 600, 5399, 7200)] == [
+        "0 s", "0.012 s", "4.6 s", "42 s", "89 s", "10 min", "90 min", "2.0 h"]

@@ -233,8 +233,8 @@ def finished_runs(uri: str, experiment: str) -> Finished:
 
 
 def readable(seconds: float) -> str:
-    if seconds < 10:  # an estimate of a small job: its two significant digits, not "0 s"
-        return f"{seconds:.2g} s"
+    if seconds < 10:  # an estimate of a small job: its two significant digits, not "0 s", above 10 ms
+        return "0 s" if seconds < 0.01 else f"{seconds:.2g} s"
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 

@@ -95,7 +95,8 @@ def stated_model(model_cfg: DictConfig) -> StatedModel:
                                                   local_files_only=True)
         config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=remote, local_files_only=True)
     except (OSError, ValueError):
-        raise Unstated(f"{source}: tokenizer or config not in local files") from None
+        where = "in that folder" if Path(source).expanduser().is_dir() else "in the local Hugging Face cache"
+        raise Unstated(f"{source}: its tokenizer or config is not {where}") from None
     config = getattr(config, "text_config", None) or config
     return StatedModel(str(model_cfg.name), family, tokenizer, config,
                        model_max_length(config, tokenizer, model_cfg.get("max_length")))
