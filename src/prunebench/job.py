@@ -142,12 +142,13 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[s
         metrics.update(recover_model(cfg, loaded, folder))
     metrics["params/total"] = float(count_parameters(loaded.model))
     metrics["params/nonzero"] = float(count_parameters(loaded.model, nonzero=True))
-    start = time.perf_counter()
+    start, positions = time.perf_counter(), []
     for name, task in tasks.items():
         pruner.start_task(name)
         # the judge and its prompt version, for a judged task: its numbers compare only under one judge
         mlflow.set_tags(getattr(task, "tags", {}))
-        task_metrics, records = evaluate_task(cfg, loaded, name, task)
+        task_metrics, records, work = evaluate_task(cfg, loaded, name, task)
+        positions.append(work)
         task_metrics.update(pruner.task_metrics(name))
         task_metrics[f"{name}/n_docs"] = float(len(records))  # how many documents its numbers rest on
         if task.metrics:
@@ -162,6 +163,8 @@ def execute(cfg: DictConfig, tasks: dict, dense: bool, key: str) -> tuple[dict[s
         for path, artifact in (task.artifacts(records) if hasattr(task, "artifacts") else {}).items():
             (mlflow.log_text if isinstance(artifact, str) else mlflow.log_dict)(artifact, path)
     metrics["time/eval_s"] = time.perf_counter() - start
+    if None not in positions:  # the positions those seconds ran: a plan's measure of the machine's speed (plan.py)
+        metrics["time/eval_positions"] = float(sum(positions))
     if writer.writes:  # before the benchmark, which may swap weights for sparse kernels' formats
         from prunebench.export.logged_model import export_model
 

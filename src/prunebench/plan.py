@@ -2,11 +2,15 @@
 
 A preset is hundreds of GPU-hours; before paying for them a user wants to see the grid it expands
 to, which jobs the store already holds (a FINISHED run with the job's run key, so a rerun skips
-them), what is left and what each remaining job costs: its cost class, and the time it may take,
-the median duration of the store's finished runs of the same setting (`timing`), or "unknown" where
-the store has none (nothing is guessed). Every job is composed and validated as the sweep would (so
-a bad cell shows here, not an hour in) and no model, score or MLflow run is made: the store is only
-read, and a store that does not exist yet is not created."""
+them), what is left and what each remaining job costs: its cost class, and the time it may take.
+That time is the median duration of the store's finished runs of the same setting (`timing`), the
+whole job; else, so that a first run of a setting is not blind, its evaluation's estimate
+(`EvalTimer`): the positions it runs (documents x tokens, as its progress bar counts them) at a speed
+measured on a machine, the store's runs of the model (a number) or this machine's matmul rate (a
+lower bound); else "unknown", with the reason. Nothing is assumed of a machine: each speed is
+measured. Every job is composed and validated as the sweep would (so a bad cell shows here, not an
+hour in) and no model weights, score or MLflow run are made: the store is only read, a store that
+does not exist yet is not created, and the tokenizers are read from local files only."""
 
 from __future__ import annotations
 
@@ -38,14 +42,125 @@ class PlannedJob:
     note: str = ""
     serves: list[int] = field(default_factory=list)  # a dense baseline: the grid jobs it is the baseline of
     durations: list[float] = field(default_factory=list)  # a left job's: its setting's finished runs', in s
+    evaluation: EvalTime | None = None  # a left job's without durations: its evaluation's estimate
 
     @property
     def estimate(self) -> str:
         if self.status != "left":
             return ""
-        if not self.durations:
-            return "unknown"
-        return f"~{readable(median(self.durations))} ({len(self.durations)} run{'s' * (len(self.durations) > 1)})"
+        if self.durations:
+            return f"~{readable(median(self.durations))} ({runs(len(self.durations))})"
+        if self.evaluation and self.evaluation.seconds is not None:
+            return f"{self.evaluation.prefix}{readable(self.evaluation.seconds)} eval ({self.evaluation.basis})"
+        return "unknown"
+
+
+def runs(count: int) -> str:
+    return f"{count} run{'s' * (count > 1)}"
+
+
+@dataclass
+class EvalTime:
+    """A job's evaluation time: its positions (the progress bar's count) at a speed, `basis` naming
+    which; `bound`: a lower bound (this machine's matmul rate); `why`: the reason it is unknown."""
+
+    seconds: float | None = None
+    positions: int | None = None
+    basis: str = ""
+    bound: bool = False
+    why: str = ""
+
+    @property
+    def prefix(self) -> str:
+        return ">=" if self.bound else "~"
+
+
+class EvalTimer:
+    """The evaluation time of a left job whose setting the store has not timed: its positions (the
+    job's own engines build their data modules on its tokenizer and max_length, read from local
+    files, models/stated.py: no weights) at the median speed (positions/s, `time/eval_positions` over
+    `time/eval_s`) of the store's finished runs of the same model, dtype and device, whatever their
+    task or pruner; where it has none, at this machine's matmul rate in the job's dtype on its device
+    (bench/probe.py) for 2 x the model's forward parameters per position: a lower bound. What is
+    counted once per plan: a model's files, a task's positions per (model, task, limit, eval options),
+    the rate per (dtype, device). Unknown, with the reason, where any of it is not at hand here: a hub
+    id not cached, a device this machine lacks (for the matmul rate), an engine that counts no
+    positions (a classifier's). A generation's positions hold its whole `max_gen_toks`, which a stop
+    string may cut short; its bound holds still in practice, a decoding step running far below the
+    matmul rate."""
+
+    def __init__(self):
+        self.known: dict[tuple, object] = {}  # (what, key): a value, or the Unstated that answered it
+
+    def __call__(self, cfg: DictConfig, tasks: dict, speeds: list[float]) -> EvalTime:
+        from prunebench.bench.probe import matmul_rate
+        from prunebench.models.stated import Unstated
+
+        try:
+            work = sum(self.positions(cfg, name, task) for name, task in tasks.items())
+            if speeds:
+                return EvalTime(work / median(speeds), work, f"{runs(len(speeds))}'{'s' * (len(speeds) == 1)} speed")
+            rate = self.once("rate", machine(cfg), lambda: matmul_rate(*machine(cfg)))
+            flops = 2 * self.once("parameters", model_identity(cfg), lambda: self.model(cfg).forward_parameters())
+            return EvalTime(work * flops / rate, work, "matmul", bound=True)
+        except Unstated as err:
+            return EvalTime(why=str(err))
+
+    def once(self, what: str, key, compute: Callable):
+        from prunebench.models.stated import Unstated
+
+        if (what, key) not in self.known:
+            try:
+                self.known[what, key] = compute()
+            except Exception as err:  # Unstated, or any reason the files or the task do not count here
+                self.known[what, key] = err if isinstance(err, Unstated) else Unstated(
+                    f"{type(err).__name__}: {' '.join(str(err).split())[:160]}")
+        if isinstance(self.known[what, key], Unstated):
+            raise self.known[what, key]
+        return self.known[what, key]
+
+    def model(self, cfg: DictConfig):
+        from prunebench.models.stated import stated_model
+
+        return self.once("model", model_identity(cfg), lambda: stated_model(cfg.model))
+
+    def positions(self, cfg: DictConfig, name: str, task) -> int:
+        from prunebench.evaluation.registry import prepared
+        from prunebench.models.stated import Unstated
+
+        def count() -> int:  # on the job's device, present here or not: it decides the batches, not their sum
+            unloaded = self.model(cfg).unloaded(str(cfg.model.get("device") or "cpu"))
+            work = prepared(task, unloaded, cfg.get("limit"), cfg.eval)[2]
+            if work is None:
+                raise Unstated(f"task {name}: its engine counts no positions")
+            return work
+
+        key = (model_identity(cfg), name, content_key(OmegaConf.to_container(cfg.task, resolve=True)),
+               cfg.get("limit"), content_key(OmegaConf.to_container(cfg.eval, resolve=True)))
+        return self.once("positions", key, count)
+
+
+def model_identity(cfg: DictConfig) -> str:
+    """What a model's tokenizer, context and architecture depend on: its config but where it runs."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    return content_key({k: v for k, v in model.items() if k not in ("dtype", "device", "seed", "params_b")})
+
+
+def machine(cfg: DictConfig) -> tuple:
+    """(torch dtype, device) the job runs in; Unstated where this machine has not the device."""
+    from prunebench.api.model_keys import run_dtype
+    from prunebench.bench.probe import present
+    from prunebench.models.loaded import resolve_dtype
+    from prunebench.models.stated import Unstated
+
+    device = str(cfg.model.get("device") or "cpu")
+    try:
+        here = present(device)
+    except RuntimeError:  # not a torch device: accelerate's device_map="auto", say
+        here = False
+    if not here:
+        raise Unstated(f"model.device={device} is not on this machine")
+    return resolve_dtype(run_dtype(cfg.model)), device
 
 
 # what a job's duration depends on besides its sparsity and seed: a stored run with these equal is
@@ -64,12 +179,28 @@ def job_timing(cfg: DictConfig) -> tuple:
     return timing(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in TIMING_PARAMS}))
 
 
+# what a run's evaluation speed (positions/s) holds for: its model, dtype and device, whatever it
+# evaluated or how it was pruned (a pruned model runs the dense model's kernels)
+SPEED_TAGS = ("prunebench.model", "prunebench.dtype")
+SPEED_PARAMS = ("trainer.accelerator", "model.device")
+
+
+def speed_setting(tags: dict[str, str], params: dict[str, str]) -> tuple:
+    return (*(tags.get(t) for t in SPEED_TAGS), *(params.get(p) for p in SPEED_PARAMS))
+
+
+def job_speed_setting(cfg: DictConfig) -> tuple:
+    return speed_setting(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in SPEED_PARAMS}))
+
+
 @dataclass
 class Finished:
-    """A store's FINISHED runs: their run keys, and their durations by `timing`."""
+    """A store's FINISHED runs: their run keys, their durations by `timing` and their evaluation
+    speeds (positions/s) by `speed_setting`."""
 
     keys: set[str] = field(default_factory=set)
     durations: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(list))
+    speeds: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(list))
 
 
 def finished_runs(uri: str, experiment: str) -> Finished:
@@ -92,6 +223,9 @@ def finished_runs(uri: str, experiment: str) -> Finished:
             if run.info.end_time and run.info.start_time:
                 finished.durations[timing(run.data.tags, run.data.params)].append(
                     (run.info.end_time - run.info.start_time) / 1000)
+            positions, seconds = run.data.metrics.get("time/eval_positions"), run.data.metrics.get("time/eval_s")
+            if positions and seconds:
+                finished.speeds[speed_setting(run.data.tags, run.data.params)].append(positions / seconds)
         token = page.token
         if not token:
             break
@@ -99,6 +233,8 @@ def finished_runs(uri: str, experiment: str) -> Finished:
 
 
 def readable(seconds: float) -> str:
+    if seconds < 10:  # an estimate of a small job: its two significant digits, not "0 s", above 10 ms
+        return "0 s" if seconds < 0.01 else f"{seconds:.2g} s"
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
@@ -157,7 +293,16 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
     from prunebench.validate import validate
 
     PLANNED.clear()  # this plan's lm-eval tasks, built once for its jobs; another plan reads the files again
-    jobs, by_key, dense, scored, finished = [], {}, {}, set(), {}
+    jobs, by_key, dense, scored, finished, timer = [], {}, {}, set(), {}, EvalTimer()
+
+    def timed(job: PlannedJob, cfg: DictConfig, tasks: dict, where: tuple) -> PlannedJob:
+        """A left job the store has not timed: its evaluation's estimate, or why there is none."""
+        if job.status == "left" and not job.durations:
+            job.evaluation = timer(cfg, tasks, finished[where].speeds.get(job_speed_setting(cfg), []))
+            if job.evaluation.why:
+                job.note = "; ".join(filter(None, [job.note, f"time unknown: {job.evaluation.why}"]))
+        return job
+
     for overrides in grid:
         deferred = []  # checks needing a hub file not cached here: a plan asks no network (validate)
         try:
@@ -177,18 +322,20 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
             jobs.append(PlannedJob(overrides, "repeat", note=f"same run key as #{by_key[key]}"))
             continue
         by_key[key] = len(jobs)
-        jobs.append(PlannedJob(overrides, "done" if key in finished[where].keys else "left",
-                               f"{size_class(cfg.model)}/{work_class(cfg, scored)}{memory_class(cfg)}",
-                               note="; ".join(deferred), durations=finished[where].durations.get(job_timing(cfg), [])))
+        jobs.append(timed(PlannedJob(overrides, "done" if key in finished[where].keys else "left",
+                                     f"{size_class(cfg.model)}/{work_class(cfg, scored)}{memory_class(cfg)}",
+                                     note="; ".join(deferred), durations=finished[where].durations.get(job_timing(cfg), [])),
+                          cfg, tasks, where))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
             baseline = dense_config(cfg)
-            dense.setdefault(run_key(baseline, inputs), (baseline, where, []))[2].append(len(jobs) - 1)
-    for key, (cfg, where, serves) in dense.items():
+            dense.setdefault(run_key(baseline, inputs), (baseline, where, tasks, []))[3].append(len(jobs) - 1)
+    for key, (cfg, where, tasks, serves) in dense.items():
         if key not in by_key:
-            jobs.append(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
-                                   "done" if key in finished[where].keys else "left",
-                                   f"{size_class(cfg.model)}/{work_class(cfg, scored)}", serves=serves,
-                                   durations=finished[where].durations.get(job_timing(cfg), [])))
+            jobs.append(timed(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
+                                         "done" if key in finished[where].keys else "left",
+                                         f"{size_class(cfg.model)}/{work_class(cfg, scored)}", serves=serves,
+                                         durations=finished[where].durations.get(job_timing(cfg), [])),
+                              cfg, tasks, where))
     return jobs
 
 
@@ -202,7 +349,7 @@ def format_plan(jobs: list[PlannedJob], title: str = "") -> str:
              f"{'#':>4}  {'status':<7}  {'cost':<{width}}  {'time':<{timed}}  overrides"]
     for i, job in enumerate(jobs):
         shown = " ".join(o for o in job.overrides if o not in shared)
-        note = job.note or (f"baseline of {span(job.serves)}" if job.serves else "")
+        note = "; ".join(filter(None, [f"baseline of {span(job.serves)}" if job.serves else "", job.note]))
         lines.append(f"{i:>4}  {job.status:<7}  {job.cost:<{width}}  {job.estimate:<{timed}}  {shown}"
                      + (f"  [{note}]" if note else ""))
     status = Counter(j.status for j in jobs)
@@ -212,12 +359,31 @@ def format_plan(jobs: list[PlannedJob], title: str = "") -> str:
                  f"{status['left']} left, {status['invalid']} invalid, {status['repeat']} repeated")
     if left:
         lines.append("left by cost: " + ", ".join(f"{cost} x{n}" for cost, n in sorted(Counter(j.cost for j in left).items())))
-        timed_left = [median(j.durations) for j in left if j.durations]
-        lines.append("time: the median duration of the store's finished runs of the job's model, task, pruner, "
-                     "recovery, limit, bench and device; " + (f"~{readable(sum(timed_left))} for {len(timed_left)} of the "
-                     f"{len(left)} left jobs, one at a time" if timed_left else "none of the left jobs has one")
-                     + (f", {len(left) - len(timed_left)} unknown" if timed_left and len(timed_left) < len(left) else ""))
+        lines += time_lines(left)
     return "\n".join(lines)
+
+
+def time_lines(left: list[PlannedJob]) -> list[str]:
+    """The left jobs' time, one at a time, summed by kind (a whole job's time, an evaluation's
+    estimate, an evaluation's lower bound are not one quantity): what each kind means and how many
+    jobs it covers."""
+    whole = [median(j.durations) for j in left if j.durations]
+    evals = [j.evaluation for j in left if not j.durations and j.evaluation and j.evaluation.seconds is not None]
+    speed = [e.seconds for e in evals if not e.bound]
+    bound = [e.seconds for e in evals if e.bound]
+    kinds = [(whole, "~", "whole job: the median duration of the store's finished runs of its model, task, pruner, "
+                          "recovery, limit, bench and device"),
+             (speed, "~", "evaluation only (no pruning, recovery or latency): its positions (documents x tokens) at "
+                          "the median speed of the store's finished runs of its model, dtype and device"),
+             (bound, ">=", "evaluation only, a lower bound: its positions x 2 x the model's parameters at this "
+                           "machine's matmul rate (a forward never reaches it)")]
+    lines = [f"  {prefix}{readable(sum(seconds))} for {len(seconds)} job{'s' * (len(seconds) > 1)}, {meaning}"
+             for seconds, prefix, meaning in kinds if seconds]
+    unknown = len(left) - len(whole) - len(evals)
+    if not lines:
+        return [f"time: none of the {len(left)} left jobs has one (see each job's note)"]
+    return [f"time of the {len(left)} left jobs, one at a time, by kind:", *lines,
+            *([f"  {unknown} unknown (see each job's note)"] if unknown else [])]
 
 
 def span(indices: list[int]) -> str:

@@ -9,18 +9,19 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from prunebench.api.metrics import readable
-from prunebench.evaluation.registry import evaluation
+from prunebench.evaluation.registry import prepared
 from prunebench.models.offload import left_in_place
 
 log = logging.getLogger(__name__)
 
 
-def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict]]:
+def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, float], list[dict], int | None]:
+    """(metrics, records, the positions the model ran: progress.positions, None where not counted)."""
     from prunebench.evaluation.progress import DocumentProgress
 
-    data, module = evaluation(task, loaded, cfg.get("limit"), cfg.eval)
+    data, module, work = prepared(task, loaded, cfg.get("limit"), cfg.eval)
     # Lightning's own bar counts batches; ours counts documents, shown where Lightning's would be
-    progress = [DocumentProgress(name)] if cfg.trainer.get("enable_progress_bar", True) else []
+    progress = [DocumentProgress(name, work)] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer = instantiate(cfg.trainer, enable_progress_bar=False, callbacks=progress)
     with left_in_place(loaded.model):
         results = trainer.test(module, datamodule=data, verbose=False)[0]
@@ -34,4 +35,4 @@ def evaluate_task(cfg: DictConfig, loaded, name: str, task) -> tuple[dict[str, f
                         loaded.max_length, name)
     for metric in task.metrics:
         metrics[f"{name}/{metric}_stderr"] = module.stderr(metric)
-    return metrics, module.records
+    return metrics, module.records, work

@@ -38,10 +38,18 @@ def documents(loader: DataLoader) -> int | None:
 
 def work(loader: DataLoader, cost: Callable | None) -> int | None:
     """The positions of every document the loader yields, by the data module's `cost`; None where
-    the module has none (perplexity windows, classifier examples: documents of one size)."""
-    if cost is None or loader.batch_size is not None or not isinstance(loader.dataset, Sized):
+    the module has none (classifier examples: an input is not a count of positions)."""
+    if cost is None or not isinstance(loader.dataset, Sized):
         return None
+    if loader.batch_size is not None:  # its items are the documents (perplexity's windows)
+        return sum(cost(item) for item in loader.dataset)
     return sum(cost(item) for batch in loader.dataset for item in batch)
+
+
+def positions(data) -> int | None:
+    """The positions a set-up data module's evaluation runs, as the progress bar counts them: what
+    the job logs (`time/eval_positions`, the measure of its speed) and the plan multiplies by a speed."""
+    return work(data.test_dataloader(), getattr(data, "cost", None))
 
 
 def duration(seconds: float) -> str:
@@ -149,10 +157,11 @@ class Ticker(threading.Thread):
 class DocumentProgress(Callback):
     """Advances by the documents a step recorded (`module.records`: one per document, or per window
     for perplexity) and the positions its batch cost (`trainer.datamodule.cost(item)` where the module
-    has one). `interactive`: None asks whether stderr is a terminal."""
+    has one). `total_work`: the module's `positions`, counted once by the caller (which logs them
+    too); None counts documents. `interactive`: None asks whether stderr is a terminal."""
 
-    def __init__(self, task: str, interactive: bool | None = None):
-        self.task = task
+    def __init__(self, task: str, total_work: int | None, interactive: bool | None = None):
+        self.task, self.total_work = task, total_work
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.progress: Progress | None = None
         self.ticker: Ticker | None = None
@@ -161,11 +170,9 @@ class DocumentProgress(Callback):
     def on_test_start(self, trainer, pl_module) -> None:
         loaders = trainer.test_dataloaders
         loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-        self.cost = getattr(trainer.datamodule, "cost", None)
+        self.cost = getattr(trainer.datamodule, "cost", None) if self.total_work is not None else None
         totals = [documents(loader) for loader in loaders]
-        works = [work(loader, self.cost) for loader in loaders]
-        self.progress = Progress(self.task, None if None in totals else sum(totals),
-                                 None if None in works else sum(works), self.interactive)
+        self.progress = Progress(self.task, None if None in totals else sum(totals), self.total_work, self.interactive)
         self.ticker = Ticker(self.progress.tick)
         self.ticker.start()
 

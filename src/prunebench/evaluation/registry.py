@@ -43,3 +43,14 @@ def evaluation(task, model, limit: int | None, options) -> tuple:
 
     prepare(task, model, options)
     return engine_for(task.kind)(task, model, limit, options)
+
+
+def prepared(task, model, limit: int | None, options) -> tuple:
+    """`evaluation`'s pair, its data set up, and the positions it will run (progress.positions; None
+    where the engine counts none): what a job evaluates, and what a plan counts on a model adapter
+    without weights (models/stated.py's Unloaded), by the same engine."""
+    from prunebench.evaluation.progress import positions
+
+    data, module = evaluation(task, model, limit, options)
+    data.setup("test")  # (again in Trainer.test: each data module sets itself up once)
+    return data, module, positions(data)

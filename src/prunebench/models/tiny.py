@@ -35,15 +35,22 @@ def tiny_tokenizer(vocab_size: int = 512):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
-def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int = 0,
-              dtype: str = "float32", device: str = "cpu", max_length: int | None = None) -> LoadedModel:
-    from transformers import AutoConfig, AutoModelForCausalLM
+def tiny_config(config: dict, tokenizer):
+    """The transformers config of `config` (its `model_type` and sizes) over `tokenizer`'s vocabulary."""
+    from transformers import AutoConfig
 
-    tokenizer = tiny_tokenizer()
     cfg = dict(config)
     model_type = cfg.pop("model_type")
-    hf_config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **cfg)
+    return AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **cfg)
+
+
+def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int = 0,
+              dtype: str = "float32", device: str = "cpu", max_length: int | None = None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    hf_config = tiny_config(config, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=resolve_dtype(dtype)).to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, family=family,
@@ -53,6 +60,17 @@ def load_tiny(*, name: str, family: str = "causal_lm", config: dict, seed: int =
 # what validation knows of a tiny model's chat templates before loading it: its tokenizer, trained in
 # process, carries none (evaluation/chat.py refuses eval.chat_template for it)
 load_tiny.stated_chat_templates = {}
+
+
+def stated_tiny(model_cfg) -> tuple:
+    """(tokenizer, config) as load_tiny makes them, without the weights (models/stated.py)."""
+    from omegaconf import OmegaConf
+
+    tokenizer = tiny_tokenizer()
+    return tokenizer, tiny_config(OmegaConf.to_container(model_cfg.config, resolve=True), tokenizer)
+
+
+load_tiny.stated_model = stated_tiny
 
 
 # LLaVA-1.5's chat template (llava-hf/llava-1.5-7b-hf), images first then text, without the

@@ -41,5 +41,10 @@ class TokenWindowDataModule(L.LightningDataModule):
             raise ValueError(f"the corpus has {len(ids)} tokens: not one window of seq_len={self.seq_len}")
         self.windows = windows[: self.limit] if self.limit else windows
 
+    @staticmethod
+    def cost(window: torch.Tensor) -> int:
+        """A window's positions, every one run: what the progress bar counts (windows x window length)."""
+        return len(window)
+
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.windows, batch_size=max(1, self.batch_tokens // self.seq_len))
