@@ -40,6 +40,7 @@ def test_a_plan_composes_each_job_as_hydra_composes_it(preset_data):
              # a group the defaults list lacks, appended (dsnot's `+sparsity_type` axis), and a new root key
              ["experiment=dsnot", "model=tiny-llama", "+sparsity_type=nm_2_4", "pruner=wanda", "limit=2"],
              ["model=tiny-llama", "+lab_note=hello", "sparsity=0.3"],
+             ["model=tiny-llama", "pruner=random", "+base_seed=3", "seed=${base_seed}", "sparsity=${seed}"],
              # values for a preset's mandatory `???` paths: set on the cached tree, as Hydra sets them
              ["experiment=hies_vit", "finetuned=vit-large-cifar100", "pruner=heads_l2", *tiny("hies_vit", preset_data)]]
     with initialize_config_dir(CONF_DIR, version_base="1.3"):

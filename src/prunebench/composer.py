@@ -84,14 +84,18 @@ class Composer:
                 if line.split("=", 1)[0] not in keys:
                     keys.add(line.split("=", 1)[0])
                     batch.append(line)
-            read = compose(None, overrides=[f"+{line}" for line in batch])
+            # unresolved: an interpolation (`seed=${base_seed}`) is set as text, resolved in the job's config
+            read = OmegaConf.to_container(compose(None, overrides=[f"+{line}" for line in batch]), resolve=False)
             for line in batch:
-                self.values[line] = OmegaConf.select(read, line.split("=", 1)[0])
+                value = read
+                for part in line.split("=", 1)[0].split("."):
+                    value = value[part]
+                self.values[line] = value
             new = [line for line in new if line not in batch]
         found = []
         for line in lines:
             value = self.values[line]
-            if isinstance(value, DictConfig):
+            if isinstance(value, dict):
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
         return found
