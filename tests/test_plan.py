@@ -122,3 +122,15 @@ def test_a_hub_id_not_cached_is_unknown_with_the_reason_and_asks_no_network(fres
 def test_readable_durations():
     assert [readable(s) for s in (0.00009, 0.0123, 4.56, 42, 89.4, 600, 5399, 7200)] == [
         "0 s", "0.012 s", "4.6 s", "42 s", "89 s", "10 min", "90 min", "2.0 h"]
+
+
+def test_a_task_two_chat_formats_share_is_counted_in_each(fresh_store, tmp_path):
+    """A plan builds an lm-eval task once for its jobs (its definition's state, shared): a job of raw
+    prompts after one of the chat template counts raw prompts, as it does alone."""
+    from helpers.instruct import save_instruct_model
+
+    base = ["model=hf_causal", f"model.path={save_instruct_model(tmp_path / 'instruct')}", "task=lm_eval",
+            "task.lm_eval=[boolq]", "limit=2", "tracking.ensure_dense=false", "pruner=magnitude", "sparsity=0.1"]
+    chat, raw = planned_sweep(base, ["eval.chat_template=true,false"])
+    (alone,) = planned_sweep(base, ["eval.chat_template=false"])
+    assert raw.evaluation.positions == alone.evaluation.positions < chat.evaluation.positions
