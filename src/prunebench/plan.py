@@ -3,7 +3,7 @@
 A preset is hundreds of GPU-hours; before paying for them a user wants to see the grid it expands
 to, which jobs the store already holds (a FINISHED run with the job's run key, so a rerun skips
 them), what is left and what each remaining job costs: its cost class, and the time it may take.
-That time is the median duration of the store's finished runs of the same setting (`timing`), the
+That time is the median duration of the store's finished runs of the same setting (`TIMING`), the
 whole job; else, so that a first run of a setting is not blind, its evaluation's estimate
 (`EvalTimer`): the positions it runs (documents x tokens, as its progress bar counts them) at a speed
 measured on a machine, the store's runs of the model (a number) or this machine's matmul rate (a
@@ -163,40 +163,35 @@ def machine(cfg: DictConfig) -> tuple:
     return resolve_dtype(run_dtype(cfg.model)), device
 
 
+@dataclass(frozen=True)
+class Setting:
+    """The tags and params of a run that a stored number holds for: a tuple, read off a stored run
+    (`of_run`) or off a job not yet run, as it would log them (`of_job`, tags.py)."""
+
+    tags: tuple[str, ...]
+    params: tuple[str, ...]
+
+    def of_run(self, tags: dict[str, str], params: dict[str, str]) -> tuple:
+        return (*(tags.get(t) for t in self.tags), *(params.get(p) for p in self.params))
+
+    def of_job(self, cfg: DictConfig) -> tuple:
+        return self.of_run(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in self.params}))
+
+
 # what a job's duration depends on besides its sparsity and seed: a stored run with these equal is
 # the same work on the same kind of device (its scores computed or read from the cache aside)
-TIMING_TAGS = ("prunebench.model", "prunebench.task", "prunebench.pruner", "prunebench.protocol",
-               "prunebench.dtype", "prunebench.recovery")
-TIMING_PARAMS = ("limit", "bench.name", "trainer.accelerator", "trainer.devices", "model.device")
-
-
-def timing(tags: dict[str, str], params: dict[str, str]) -> tuple:
-    return (*(tags.get(t) for t in TIMING_TAGS), *(params.get(p) for p in TIMING_PARAMS))
-
-
-def job_timing(cfg: DictConfig) -> tuple:
-    """`timing` of a job not yet run: its tags and params as the job would log them (tags.py)."""
-    return timing(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in TIMING_PARAMS}))
-
-
+TIMING = Setting(("prunebench.model", "prunebench.task", "prunebench.pruner", "prunebench.protocol",
+                  "prunebench.dtype", "prunebench.recovery"),
+                 ("limit", "bench.name", "trainer.accelerator", "trainer.devices", "model.device"))
 # what a run's evaluation speed (positions/s) holds for: its model, dtype and device, whatever it
 # evaluated or how it was pruned (a pruned model runs the dense model's kernels)
-SPEED_TAGS = ("prunebench.model", "prunebench.dtype")
-SPEED_PARAMS = ("trainer.accelerator", "model.device")
-
-
-def speed_setting(tags: dict[str, str], params: dict[str, str]) -> tuple:
-    return (*(tags.get(t) for t in SPEED_TAGS), *(params.get(p) for p in SPEED_PARAMS))
-
-
-def job_speed_setting(cfg: DictConfig) -> tuple:
-    return speed_setting(setting_tags(cfg), flatten({key: OmegaConf.select(cfg, key) for key in SPEED_PARAMS}))
+SPEED = Setting(("prunebench.model", "prunebench.dtype"), ("trainer.accelerator", "model.device"))
 
 
 @dataclass
 class Finished:
-    """A store's FINISHED runs: their run keys, their durations by `timing` and their evaluation
-    speeds (positions/s) by `speed_setting`."""
+    """A store's FINISHED runs: their run keys, their durations by `TIMING` and their evaluation
+    speeds (positions/s) by `SPEED`."""
 
     keys: set[str] = field(default_factory=set)
     durations: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -221,11 +216,11 @@ def finished_runs(uri: str, experiment: str) -> Finished:
                 continue
             finished.keys.add(run.data.tags[store.KEY_TAG])
             if run.info.end_time and run.info.start_time:
-                finished.durations[timing(run.data.tags, run.data.params)].append(
+                finished.durations[TIMING.of_run(run.data.tags, run.data.params)].append(
                     (run.info.end_time - run.info.start_time) / 1000)
             positions, seconds = run.data.metrics.get("time/eval_positions"), run.data.metrics.get("time/eval_s")
             if positions and seconds:
-                finished.speeds[speed_setting(run.data.tags, run.data.params)].append(positions / seconds)
+                finished.speeds[SPEED.of_run(run.data.tags, run.data.params)].append(positions / seconds)
         token = page.token
         if not token:
             break
@@ -298,7 +293,7 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
     def timed(job: PlannedJob, cfg: DictConfig, tasks: dict, where: tuple) -> PlannedJob:
         """A left job the store has not timed: its evaluation's estimate, or why there is none."""
         if job.status == "left" and not job.durations:
-            job.evaluation = timer(cfg, tasks, finished[where].speeds.get(job_speed_setting(cfg), []))
+            job.evaluation = timer(cfg, tasks, finished[where].speeds.get(SPEED.of_job(cfg), []))
             if job.evaluation.why:
                 job.note = "; ".join(filter(None, [job.note, f"time unknown: {job.evaluation.why}"]))
         return job
@@ -324,7 +319,7 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
         by_key[key] = len(jobs)
         jobs.append(timed(PlannedJob(overrides, "done" if key in finished[where].keys else "left",
                                      f"{size_class(cfg.model)}/{work_class(cfg, scored)}{memory_class(cfg)}",
-                                     note="; ".join(deferred), durations=finished[where].durations.get(job_timing(cfg), [])),
+                                     note="; ".join(deferred), durations=finished[where].durations.get(TIMING.of_job(cfg), [])),
                           cfg, tasks, where))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
             baseline = dense_config(cfg)
@@ -334,7 +329,7 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
             jobs.append(timed(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
                                          "done" if key in finished[where].keys else "left",
                                          f"{size_class(cfg.model)}/{work_class(cfg, scored)}", serves=serves,
-                                         durations=finished[where].durations.get(job_timing(cfg), [])),
+                                         durations=finished[where].durations.get(TIMING.of_job(cfg), [])),
                               cfg, tasks, where))
     return jobs
 

@@ -39,10 +39,9 @@ class StatedModel:
         mixture of experts runs only some experts per position: not counted."""
         if self.family != "causal_lm":
             raise Unstated(f"family {self.family}: each position runs only part of its parameters")
-        from transformers import AutoModelForCausalLM
+        from prunebench.models.offload import meta_model
 
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.config)
+        model = meta_model(self.config)
         skipped = {id(p) for module in (model.get_input_embeddings(), model.get_output_embeddings())
                    if module is not None for p in module.parameters()}
         return sum(p.numel() for p in model.parameters() if id(p) not in skipped)
