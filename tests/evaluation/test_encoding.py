@@ -1,6 +1,6 @@
 """Context/continuation tokenisation as lm-eval's HFLM does it."""
 
-from prunebench.evaluation.encoding import encode, encode_pair, model_input
+from prunebench.evaluation.encoding import encode, encode_all, encode_pair, model_input
 from prunebench.models.tiny import tiny_tokenizer
 
 TOK = tiny_tokenizer()
@@ -32,3 +32,10 @@ def test_left_truncation_drops_the_oldest_tokens_and_never_feeds_the_last():
     ctx, cont = list(range(10)), [10, 11, 12]
     seq, clen = model_input(ctx, cont, max_length=6)
     assert seq == [6, 7, 8, 9, 10, 11] and clen == 3
+
+
+def test_encoding_many_texts_at_once_gives_each_the_ids_of_its_own_encode():
+    texts = ["Paris", "<s>Paris", "The quick brown fox", "", " leading space", "Paris"]
+    for add_bos in (None, True, False):
+        known = encode_all(TOK, texts, add_bos)
+        assert known == {text: encode(TOK, text, add_bos) for text in texts}

@@ -3,43 +3,71 @@ tokens starts with."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 
-def encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
-    """`add_bos=None` delegates BOS to the tokenizer's default (lm-eval >= 0.4.9.2), true/false forces
-    it; either way a string that already starts with the prefix token's text (BOS, else EOS) gets no
-    second one, as lm-eval's tok_encode checks."""
+
+def special_tokens(tokenizer, text: str, add_bos: bool | None) -> dict:
+    """The `add_special_tokens` argument of a text's encode: `add_bos=None` delegates BOS to the
+    tokenizer's default (lm-eval >= 0.4.9.2), true/false forces it; either way a string that already
+    starts with the prefix token's text (BOS, else EOS) gets no second one, as lm-eval's tok_encode
+    checks."""
     kwargs = {} if add_bos is None else {"add_special_tokens": add_bos}
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     if prefix is not None and text.startswith(tokenizer.decode(prefix)):
         kwargs["add_special_tokens"] = False
-    return tokenizer.encode(text, **kwargs)
+    return kwargs
 
 
-def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None = None
-                ) -> tuple[list[int], list[int]]:
+def encode(tokenizer, text: str, add_bos: bool | None, known: dict[str, list[int]] | None = None) -> list[int]:
+    """`known`: texts already encoded with this tokenizer and `add_bos` (`encode_all`)."""
+    if known is not None and text in known:
+        return known[text]
+    return tokenizer.encode(text, **special_tokens(tokenizer, text, add_bos))
+
+
+def encode_all(tokenizer, texts: Iterable[str], add_bos: bool | None) -> dict[str, list[int]]:
+    """Each distinct text's `encode`, in one tokenizer call per kind of arguments: a fast tokenizer's
+    batch gives each text the ids its own call gives (its single encode is a batch of one), without a
+    Python round trip per text and on the Rust side's threads; a task's choices share their context,
+    which is encoded once."""
+    kinds: dict[tuple, list[str]] = {}
+    for text in dict.fromkeys(texts):
+        kinds.setdefault(tuple(special_tokens(tokenizer, text, add_bos).items()), []).append(text)
+    known = {}
+    for kwargs, batch in kinds.items():
+        known.update(zip(batch, tokenizer(batch, **dict(kwargs))["input_ids"]))
+    return known
+
+
+def pair_texts(context: str, continuation: str) -> tuple[str, str]:
+    """The texts a (non-empty) context and its continuation are encoded as: the context, and the
+    whole, once the context's trailing whitespace has moved to the continuation."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context + continuation) if n else (context, context + continuation)
+
+
+def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None = None,
+                known: dict[str, list[int]] | None = None) -> tuple[list[int], list[int]]:
     """Trailing whitespace of the context moves to the continuation; the continuation's tokens are
     whatever follows the context's own tokens in the joint tokenisation (not a separate encode)."""
     if not context:
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         cont = tokenizer.encode(continuation, add_special_tokens=False)
         return ([prefix], cont[1:]) if cont and cont[0] == prefix else ([prefix], cont)
-    n = len(context) - len(context.rstrip())
-    if n:
-        context, continuation = context[:-n], context[-n:] + continuation
-    whole = encode(tokenizer, context + continuation, add_bos)
-    ctx = encode(tokenizer, context, add_bos)
-    return ctx, whole[len(ctx):]
+    context, whole = pair_texts(context, continuation)
+    ctx = encode(tokenizer, context, add_bos, known)
+    return ctx, encode(tokenizer, whole, add_bos, known)[len(ctx):]
 
 
-def rolling_windows(tokenizer, text: str, max_length: int, add_bos: bool | None = None
-                    ) -> list[tuple[list[int], list[int]]]:
+def rolling_windows(tokenizer, text: str, max_length: int, add_bos: bool | None = None,
+                    known: dict[str, list[int]] | None = None) -> list[tuple[list[int], list[int]]]:
     """HFLM's loglikelihood_rolling: the text's tokens (its BOS rule) cut by lm-eval's own
     get_rolling_token_windows into disjoint (context, continuation) windows of max_length, the
     first predicted from the prefix token (BOS, else EOS)."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    windows = get_rolling_token_windows(token_list=encode(tokenizer, text, add_bos), prefix_token=prefix,
+    windows = get_rolling_token_windows(token_list=encode(tokenizer, text, add_bos, known), prefix_token=prefix,
                                         max_seq_len=max_length, context_len=1)
     return [make_disjoint_window(window) for window in windows]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 
 import lightning as L
 import torch
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader
 from prunebench.api.metric_objects import records_stderr, update_from_records
 from prunebench.api.requests import CONTINUATION, WHOLE_TEXT, Document, LoglikelihoodResponse, RollingText
 from prunebench.evaluation.batching import DEFAULT_TOKENS, budget, pack, refuse_images
-from prunebench.evaluation.encoding import encode, encode_pair, model_input, rolling_windows
+from prunebench.evaluation.encoding import encode, encode_all, encode_pair, model_input, pair_texts, rolling_windows
 from prunebench.evaluation.loglikelihood.scorer import STEM_MIN, common_prefix_len, score_documents
 from prunebench.evaluation.loglikelihood.lm_eval_numerics import score_documents_lm_eval
 from prunebench.evaluation.numerics import lm_eval_rows
@@ -47,9 +48,10 @@ class EncodedDoc:
             start += span
         return out
 
-    @property
+    @cached_property
     def tokens(self) -> int:
-        """Positions the scorer runs for this document: the shared prefix once, then each choice's rest."""
+        """Positions the scorer runs for this document: the shared prefix once, then each choice's rest
+        (read by the sort, the packing and the progress bar)."""
         shared = common_prefix_len(self.inputs)
         return shared + len(self.inputs) * (max(len(x) for x in self.inputs) - shared)
 
@@ -73,12 +75,20 @@ class LoglikelihoodDataModule(L.LightningDataModule):
             raise ValueError(f"task {task.name}: loglikelihood_scoring={self.scoring!r}; valid: "
                              f"{[CONTINUATION, WHOLE_TEXT]}")
         self.batches: list[list[EncodedDoc]] = []
+        self.known: dict[str, list[int]] = {}  # every text the documents encode, in one batch (encode_all)
+
+    def texts(self, document: Document) -> list[str]:
+        """The texts `encode` tokenises for this document."""
+        if self.scoring == WHOLE_TEXT:
+            return [r.context + r.continuation for r in document.requests]
+        return [text for r in document.requests for text in (
+            [r.text] if isinstance(r, RollingText) else pair_texts(r.context, r.continuation) if r.context else [])]
 
     def encode(self, document: Document) -> EncodedDoc:
         """Counts in `truncated` a document whose tokens were cut to fit the model (its start dropped)."""
         refuse_images(self.task, document)
         if self.scoring == WHOLE_TEXT:
-            whole = [encode(self.tokenizer, r.context + r.continuation, self.add_bos) for r in document.requests]
+            whole = [encode(self.tokenizer, r.context + r.continuation, self.add_bos, self.known) for r in document.requests]
             self.truncated += any(len(ids) > self.max_length for ids in whole)
             full = [ids[-self.max_length:] for ids in whole]
             if any(len(ids) < 2 for ids in full):
@@ -89,9 +99,9 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         inputs, lens, conts, spans, cut = [], [], [], [], False
         for request in document.requests:
             if isinstance(request, RollingText):
-                pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos)
+                pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos, self.known)
             else:
-                pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos)]
+                pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos, self.known)]
             for ctx, cont in pairs:
                 seq, clen = model_input(ctx, cont, self.max_length)
                 cut = cut or len(seq) < len(ctx) + len(cont) - 1  # (the last token is never fed)
@@ -105,7 +115,10 @@ class LoglikelihoodDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.batches:
             return
-        docs = sorted((self.encode(d) for d in self.task.instances(self.limit)), key=lambda d: -d.tokens)
+        documents = list(self.task.instances(self.limit))
+        self.known = encode_all(self.tokenizer, (t for d in documents for t in self.texts(d)), self.add_bos)
+        docs = sorted((self.encode(d) for d in documents), key=lambda d: -d.tokens)
+        self.known = {}
         if self.whole_task:
             self.batches = [docs]
             return
