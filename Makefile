@@ -27,15 +27,16 @@ SERVER_PORT ?= 5000
 install: $(STAMP)
 
 # uv resolves what pip would (the same versions), from PyPI, and links the packages out of its cache
-# rather than unpacking torch's gigabytes again for every fresh venv. It reads no pip.conf: a mirror
-# is UV_INDEX_URL (docs/usage.md).
+# rather than unpacking torch's gigabytes again for every fresh venv; --compile-bytecode as pip does,
+# or every import compiles its modules again where PYTHONDONTWRITEBYTECODE is set. It reads no
+# pip.conf: a mirror is UV_INDEX_URL (docs/usage.md).
 UV_PIN := uv==0.13.9
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(UV_PIN)
-	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,server]' $(TORCH_PIN) -C editable_mode=compat
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(NO_DEPS)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev,server]' $(TORCH_PIN) -C editable_mode=compat
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --no-deps $(NO_DEPS)
 	touch $@
 
 # pyflakes and pycodestyle's errors over the code, tests and scripts ([tool.ruff] in pyproject.toml)
