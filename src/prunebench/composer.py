@@ -22,6 +22,11 @@ from hydra.core.config_loader import ConfigLoader
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
+# each `key=value` line's value as Hydra's grammar read it: the grammar alone decides it, so every
+# composer of the process shares what any of them read
+VALUES: dict[str, object] = {}
+
+
 class Composer:
     """`composer(overrides)` is `hydra.compose(config_name, hydra_overrides + overrides)`; call it
     where Hydra is initialized (`initialize_config_dir`, or inside a running Hydra app).
@@ -32,7 +37,6 @@ class Composer:
         self.config_name = config_name
         self.hydra_overrides = tuple(hydra_overrides)
         self.trees = functools.lru_cache(maxsize=256)(self._tree)
-        self.values: dict[str, object] = {}
 
     def __call__(self, overrides: Iterable[str]) -> DictConfig:
         overrides = list(overrides)
@@ -77,7 +81,7 @@ class Composer:
     def parsed(self, lines: list[str]) -> list[tuple[str, object]] | None:
         """Each `key=value` line's key and value as Hydra's grammar reads it (None: a dict value,
         which Hydra merges into a group's node: the full compose decides)."""
-        new = list(dict.fromkeys(line for line in lines if line not in self.values))
+        new = list(dict.fromkeys(line for line in lines if line not in VALUES))
         while new:  # a key set twice (the later wins, as in Hydra) is read in a compose of its own
             keys, batch = set(), []
             for line in new:
@@ -90,11 +94,11 @@ class Composer:
                 value = read
                 for part in line.split("=", 1)[0].split("."):
                     value = value[part]
-                self.values[line] = value
+                VALUES[line] = value
             new = [line for line in new if line not in batch]
         found = []
         for line in lines:
-            value = self.values[line]
+            value = VALUES[line]
             if isinstance(value, dict):
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
