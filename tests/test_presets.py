@@ -108,7 +108,7 @@ def test_sweep_with_plan_true_prints_the_plan_and_launches_nothing(fresh_store, 
 
 
 def test_plan_marks_a_job_that_cannot_run_and_the_repeats():
-    jobs = planned_sweep(["model=tiny-llama"], ["pruner=none,magnitude", "sparsity=0,1.5,0.3"])
+    jobs = planned_sweep(["model=tiny-llama", "limit=4"], ["pruner=none,magnitude", "sparsity=0,1.5,0.3"])
     assert [j.status for j in jobs] == ["left", "invalid", "repeat", "repeat", "invalid", "left"]
     assert "sparsity=1.5 is outside [0, 1)" in jobs[1].note and jobs[3].note == "same run key as #0"
     assert "6 grid jobs + 0 dense baseline(s): 0 done, 2 left, 2 invalid, 2 repeated" in format_plan(jobs)

@@ -6,14 +6,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def special_tokens(tokenizer, text: str, add_bos: bool | None) -> dict:
+def prefix_text(tokenizer) -> str | None:
+    """The text of the token a sequence starts with: BOS, else EOS."""
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return None if prefix is None else tokenizer.decode(prefix)
+
+
+def special_tokens(text: str, add_bos: bool | None, prefix: str | None) -> dict:
     """The `add_special_tokens` argument of a text's encode: `add_bos=None` delegates BOS to the
     tokenizer's default (lm-eval >= 0.4.9.2), true/false forces it; either way a string that already
-    starts with the prefix token's text (BOS, else EOS) gets no second one, as lm-eval's tok_encode
+    starts with the prefix token's text (`prefix_text`) gets no second one, as lm-eval's tok_encode
     checks."""
     kwargs = {} if add_bos is None else {"add_special_tokens": add_bos}
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if prefix is not None and text.startswith(tokenizer.decode(prefix)):
+    if prefix is not None and text.startswith(prefix):
         kwargs["add_special_tokens"] = False
     return kwargs
 
@@ -22,7 +27,7 @@ def encode(tokenizer, text: str, add_bos: bool | None, known: dict[str, list[int
     """`known`: texts already encoded with this tokenizer and `add_bos` (`encode_all`)."""
     if known is not None and text in known:
         return known[text]
-    return tokenizer.encode(text, **special_tokens(tokenizer, text, add_bos))
+    return tokenizer.encode(text, **special_tokens(text, add_bos, prefix_text(tokenizer)))
 
 
 def encode_all(tokenizer, texts: Iterable[str], add_bos: bool | None) -> dict[str, list[int]]:
@@ -30,12 +35,13 @@ def encode_all(tokenizer, texts: Iterable[str], add_bos: bool | None) -> dict[st
     batch gives each text the ids its own call gives (its single encode is a batch of one), without a
     Python round trip per text and on the Rust side's threads; a task's choices share their context,
     which is encoded once."""
-    kinds: dict[tuple, list[str]] = {}
+    prefix, kinds = prefix_text(tokenizer), {}
     for text in dict.fromkeys(texts):
-        kinds.setdefault(tuple(special_tokens(tokenizer, text, add_bos).items()), []).append(text)
+        kinds.setdefault(tuple(special_tokens(text, add_bos, prefix).items()), []).append(text)
     known = {}
     for kwargs, batch in kinds.items():
-        known.update(zip(batch, tokenizer(batch, **dict(kwargs))["input_ids"]))
+        ids = tokenizer(batch, **dict(kwargs), return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        known.update(zip(batch, ids))
     return known
 
 
