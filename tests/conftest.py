@@ -35,10 +35,6 @@ if WORKERS > 1:  # a worker (pytest-xdist's controller runs no test and imports 
 
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# a test process composes thousands of configs, whose OmegaConf nodes are allocated by the hundred
-# thousand; the collector's default pass every 700 allocations then costs a tenth of the run. Cycles
-# are still collected, in passes 140 times rarer
-gc.set_threshold(100_000, 50, 1000)
 # the longest modules first, longest to shortest by pytest's --durations (a SLURM cluster's sweeps, a
 # tracking server's, the interruption sweeps, the real-model conformance runs, the presets' grids...),
 # so that no long one is the last still running on one worker while the other idles (make test keeps this order)
@@ -56,6 +52,14 @@ PROCESS_MODULES = {"test_slurm.py", "test_server.py", "test_claim.py", "test_det
                    "test_resume_report.py", "test_readme.py", "test_install.py", "test_outside_package.py",
                    "test_startup.py", "test_cluster.py", "test_vlm_suite.py", "test_judges.py",
                    "test_judged_tasks.py", "test_bigbench_sdist.py", "test_help.py"}
+
+
+def pytest_configure(config):
+    """A test process composes thousands of configs, whose OmegaConf nodes are allocated by the hundred
+    thousand; the collector's default pass every 700 allocations then costs a tenth of the run. Cycles
+    are still collected, in passes 140 times rarer. Only pytest's own processes: a job a test starts
+    (one that imports this module for `compose_cfg`) runs with the defaults, as a user's does."""
+    gc.set_threshold(100_000, 50, 1000)
 
 
 def pytest_collection_modifyitems(items):
