@@ -6,9 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
+def prefix_token(tokenizer) -> int | None:
+    """The token a sequence starts with: BOS, else EOS."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
 def prefix_text(tokenizer) -> str | None:
-    """The text of the token a sequence starts with: BOS, else EOS."""
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prefix = prefix_token(tokenizer)
     return None if prefix is None else tokenizer.decode(prefix)
 
 
@@ -57,7 +61,7 @@ def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool | None
     """Trailing whitespace of the context moves to the continuation; the continuation's tokens are
     whatever follows the context's own tokens in the joint tokenisation (not a separate encode)."""
     if not context:
-        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        prefix = prefix_token(tokenizer)
         cont = tokenizer.encode(continuation, add_special_tokens=False)
         return ([prefix], cont[1:]) if cont and cont[0] == prefix else ([prefix], cont)
     context, whole = pair_texts(context, continuation)
@@ -72,8 +76,7 @@ def rolling_windows(tokenizer, text: str, max_length: int, add_bos: bool | None 
     first predicted from the prefix token (BOS, else EOS)."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    windows = get_rolling_token_windows(token_list=encode(tokenizer, text, add_bos, known), prefix_token=prefix,
+    windows = get_rolling_token_windows(token_list=encode(tokenizer, text, add_bos, known), prefix_token=prefix_token(tokenizer),
                                         max_seq_len=max_length, context_len=1)
     return [make_disjoint_window(window) for window in windows]
 

@@ -75,7 +75,6 @@ class LoglikelihoodDataModule(L.LightningDataModule):
             raise ValueError(f"task {task.name}: loglikelihood_scoring={self.scoring!r}; valid: "
                              f"{[CONTINUATION, WHOLE_TEXT]}")
         self.batches: list[list[EncodedDoc]] = []
-        self.known: dict[str, list[int]] = {}  # every text the documents encode, in one batch (encode_all)
 
     def texts(self, document: Document) -> list[str]:
         """The texts `encode` tokenises for this document."""
@@ -84,11 +83,12 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         return [text for r in document.requests for text in (
             [r.text] if isinstance(r, RollingText) else pair_texts(r.context, r.continuation) if r.context else [])]
 
-    def encode(self, document: Document) -> EncodedDoc:
-        """Counts in `truncated` a document whose tokens were cut to fit the model (its start dropped)."""
+    def encode(self, document: Document, known: dict[str, list[int]] | None = None) -> EncodedDoc:
+        """Counts in `truncated` a document whose tokens were cut to fit the model (its start dropped).
+        `known`: its texts already encoded (`encode_all` of `texts`); any other is encoded here."""
         refuse_images(self.task, document)
         if self.scoring == WHOLE_TEXT:
-            whole = [encode(self.tokenizer, r.context + r.continuation, self.add_bos, self.known) for r in document.requests]
+            whole = [encode(self.tokenizer, r.context + r.continuation, self.add_bos, known) for r in document.requests]
             self.truncated += any(len(ids) > self.max_length for ids in whole)
             full = [ids[-self.max_length:] for ids in whole]
             if any(len(ids) < 2 for ids in full):
@@ -99,9 +99,9 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         inputs, lens, conts, spans, cut = [], [], [], [], False
         for request in document.requests:
             if isinstance(request, RollingText):
-                pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos, self.known)
+                pairs = rolling_windows(self.tokenizer, request.text, self.max_length, self.add_bos, known)
             else:
-                pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos, self.known)]
+                pairs = [encode_pair(self.tokenizer, request.context, request.continuation, self.add_bos, known)]
             for ctx, cont in pairs:
                 seq, clen = model_input(ctx, cont, self.max_length)
                 cut = cut or len(seq) < len(ctx) + len(cont) - 1  # (the last token is never fed)
@@ -116,9 +116,8 @@ class LoglikelihoodDataModule(L.LightningDataModule):
         if self.batches:
             return
         documents = list(self.task.instances(self.limit))
-        self.known = encode_all(self.tokenizer, (t for d in documents for t in self.texts(d)), self.add_bos)
-        docs = sorted((self.encode(d) for d in documents), key=lambda d: -d.tokens)
-        self.known = {}
+        known = encode_all(self.tokenizer, (t for d in documents for t in self.texts(d)), self.add_bos)
+        docs = sorted((self.encode(d, known) for d in documents), key=lambda d: -d.tokens)
         if self.whole_task:
             self.batches = [docs]
             return
