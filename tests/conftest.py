@@ -62,6 +62,13 @@ def pytest_configure(config):
     gc.set_threshold(100_000, 50, 1000)
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, the test modules) lives to the end: frozen, as
+    prunebench's own processes freeze their imports (prunebench/collector.py), so that the full passes
+    (a job's before it reads a model) skip it."""
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in PROCESS_MODULES:

@@ -4,8 +4,9 @@ A grid's jobs share their config-group choices and differ in values (sparsity, s
 building the defaults tree is the costly part of a compose. As lightning-hydra-template's tests do,
 the tree is composed once per set of choices with `hydra.compose`, and each job gets a copy with its
 values set by `OmegaConf.update`, the call Hydra itself makes for a `key=value` override. A value's
-text is read by Hydra's own grammar: the `+key=value` lines of a job are composed onto no primary
-config (`compose(None, ...)`), once per distinct line. A `+name=value` line (a group the defaults
+text is read by Hydra's own grammar, once per distinct line: set under a scratch root key (`READ`) in
+the compose of the job's tree where that tree is new, else in a compose onto no primary config
+(`compose(None, ...)`). A `+name=value` line (a group the defaults
 list lacks, as a preset's `+sparsity_type`, or a new root key) goes into the tree's compose with the
 choices. Anything else (`++`, `~`, `+a.b=...`, a `key@package`, a dict value, a key that is not in
 the config) is composed in full, so Hydra itself answers or refuses it. `tests/test_presets.py`
@@ -14,7 +15,7 @@ holds the result equal to Hydra's full compose."""
 from __future__ import annotations
 
 import copy
-import functools
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from hydra import compose
@@ -25,6 +26,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 # each `key=value` line's value as Hydra's grammar read it: the grammar alone decides it, so every
 # composer of the process shares what any of them read
 VALUES: dict[str, object] = {}
+# the root key a compose reads value lines under (each its own key, `v0`, `v1`...), removed after
+READ = "_composer_values"
 
 
 class Composer:
@@ -36,7 +39,7 @@ class Composer:
     def __init__(self, config_name: str = "config", hydra_overrides: Iterable[str] = ()) -> None:
         self.config_name = config_name
         self.hydra_overrides = tuple(hydra_overrides)
-        self.trees = functools.lru_cache(maxsize=256)(self._tree)
+        self.made: OrderedDict[tuple[str, ...], tuple[DictConfig, frozenset[str]]] = OrderedDict()  # the latest 256
 
     def __call__(self, overrides: Iterable[str]) -> DictConfig:
         overrides = list(overrides)
@@ -48,7 +51,7 @@ class Composer:
             if chosen == choices and choices:
                 break
             choices = chosen
-            tree, found = self.trees(choices)
+            tree, found = self.tree(choices, [o for o in overrides if o not in choices])
             if found == groups:
                 break
             groups = found
@@ -64,38 +67,40 @@ class Composer:
         return compose(self.config_name, overrides=[*self.hydra_overrides, *overrides])
 
     def groups(self, choices: tuple[str, ...]) -> frozenset[str]:
-        return self.trees(choices)[1]
+        return self.tree(choices)[1]
 
-    def _tree(self, choices: tuple[str, ...]) -> tuple[DictConfig, frozenset[str]]:
+    def tree(self, choices: tuple[str, ...], lines: Iterable[str] = ()) -> tuple[DictConfig, frozenset[str]]:
         """The job config of these choices, and the config groups of its defaults tree (Hydra's
         `runtime.choices`): a `group=option` override chooses, any other key sets a value. A group
         chosen as a list of options (`task=[commonsense,openbookqa]`, merged in order) has no single
-        choice there, and stays a group."""
-        tree = compose(self.config_name, overrides=[*self.hydra_overrides, *choices], return_hydra_config=True)
+        choice there, and stays a group. A tree not made yet reads the value `lines` not read yet in
+        the same compose (where one of them is not a value Hydra reads, the tree is composed alone)."""
+        if choices in self.made:
+            self.made.move_to_end(choices)
+            return self.made[choices]
+        overrides = [*self.hydra_overrides, *choices]
+        unread = list(dict.fromkeys(line for line in lines if line not in VALUES))
+        try:
+            tree = compose(self.config_name, overrides=[*overrides, *reading(unread)], return_hydra_config=True)
+        except Exception:  # the line's own compose names it (`parsed`), as Hydra's compose would
+            tree, unread = compose(self.config_name, overrides=overrides, return_hydra_config=True), []
         groups = frozenset(tree.hydra.runtime.choices.keys()) | {c.split("=", 1)[0] for c in choices
                                                                  if not c.startswith("hydra.")}
+        if unread:
+            read(tree, unread)
         with open_dict(tree):
             del tree["hydra"]  # as compose leaves a job's config
+        self.made[choices] = tree, groups
+        if len(self.made) > 256:
+            self.made.popitem(last=False)
         return tree, groups
 
     def parsed(self, lines: list[str]) -> list[tuple[str, object]] | None:
         """Each `key=value` line's key and value as Hydra's grammar reads it (None: a dict value,
         which Hydra merges into a group's node: the full compose decides)."""
-        new = list(dict.fromkeys(line for line in lines if line not in VALUES))
-        while new:  # a key set twice (the later wins, as in Hydra) is read in a compose of its own
-            keys, batch = set(), []
-            for line in new:
-                if line.split("=", 1)[0] not in keys:
-                    keys.add(line.split("=", 1)[0])
-                    batch.append(line)
-            # unresolved: an interpolation (`seed=${base_seed}`) is set as text, resolved in the job's config
-            read = OmegaConf.to_container(compose(None, overrides=[f"+{line}" for line in batch]), resolve=False)
-            for line in batch:
-                value = read
-                for part in line.split("=", 1)[0].split("."):
-                    value = value[part]
-                VALUES[line] = value
-            new = [line for line in new if line not in batch]
+        unread = list(dict.fromkeys(line for line in lines if line not in VALUES))
+        if unread:
+            read(compose(None, overrides=reading(unread)), unread)
         found = []
         for line in lines:
             value = VALUES[line]
@@ -103,6 +108,22 @@ class Composer:
                 return None
             found.append((line.split("=", 1)[0], copy.deepcopy(value)))
         return found
+
+
+def reading(lines: list[str]) -> list[str]:
+    """Overrides that set each line's value under `READ`, a key of its own each (a key set twice, or
+    a key and one beneath it, are read side by side)."""
+    return [f"+{READ}.v{i}={line.split('=', 1)[1]}" for i, line in enumerate(lines)]
+
+
+def read(cfg: DictConfig, lines: list[str]) -> None:
+    """Records what Hydra read for each line (`reading`) in `VALUES`, unresolved (an interpolation,
+    `seed=${base_seed}`, is set as text and resolved in the job's config), and removes `READ`."""
+    values = OmegaConf.to_container(cfg[READ], resolve=False)
+    for i, line in enumerate(lines):
+        VALUES[line] = values[f"v{i}"]
+    with open_dict(cfg):
+        del cfg[READ]
 
 
 def appends(line: str) -> bool:

@@ -97,7 +97,9 @@ class EvalTimer:
         from prunebench.models.stated import Unstated
 
         try:
-            work = sum(self.positions(cfg, name, task) for name, task in tasks.items())
+            setting = (model_identity(cfg), content_key(OmegaConf.to_container(cfg.task, resolve=True)),
+                       cfg.get("limit"), content_key(OmegaConf.to_container(cfg.eval, resolve=True)))
+            work = sum(self.positions(cfg, setting, name, task) for name, task in tasks.items())
             if speeds:
                 return EvalTime(work / median(speeds), work, f"{runs(len(speeds))}'{'s' * (len(speeds) == 1)} speed")
             rate = self.once("rate", machine(cfg), lambda: matmul_rate(*machine(cfg)))
@@ -124,7 +126,9 @@ class EvalTimer:
 
         return self.once("model", model_identity(cfg), lambda: stated_model(cfg.model))
 
-    def positions(self, cfg: DictConfig, name: str, task) -> int:
+    def positions(self, cfg: DictConfig, setting: tuple, name: str, task) -> int:
+        """`setting`: what the count depends on besides the task's name, resolved once per job (the
+        model's identity, the task config, limit and the eval options)."""
         from prunebench.evaluation.registry import prepared
         from prunebench.models.stated import Unstated
 
@@ -135,9 +139,7 @@ class EvalTimer:
                 raise Unstated(f"task {name}: its engine counts no positions")
             return work
 
-        key = (model_identity(cfg), name, content_key(OmegaConf.to_container(cfg.task, resolve=True)),
-               cfg.get("limit"), content_key(OmegaConf.to_container(cfg.eval, resolve=True)))
-        return self.once("positions", key, count)
+        return self.once("positions", (*setting, name), count)
 
 
 def model_identity(cfg: DictConfig) -> str:
