@@ -56,16 +56,16 @@ PROCESS_MODULES = {"test_slurm.py", "test_server.py", "test_claim.py", "test_det
 
 def pytest_configure(config):
     """A test process composes thousands of configs, whose OmegaConf nodes are allocated by the hundred
-    thousand; the collector's default pass every 700 allocations then costs a tenth of the run. Cycles
-    are still collected, in passes 140 times rarer. Only pytest's own processes: a job a test starts
-    (one that imports this module for `compose_cfg`) runs with the defaults, as a user's does."""
+    thousand; the collector's default passes (every 700 allocations, and a full one whenever a quarter
+    more objects outlived two) then cost a tenth of the run. Cycles are still collected, in passes 140
+    times rarer. Only pytest's own processes: a job a test starts runs with the defaults, as a user's does."""
     gc.set_threshold(100_000, 50, 1000)
 
 
 def pytest_collection_finish(session):
-    """What collection imported (torch, transformers, the test modules) lives to the end: frozen, as
-    prunebench's own processes freeze their imports (prunebench/collector.py), so that the full passes
-    (a job's before it reads a model) skip it."""
+    """What collection imported (torch, transformers, the test modules) lives to the end of the
+    process: frozen, as prunebench's own processes freeze their imports (prunebench/collector.py), so
+    that the collector's full passes (a job's, before it reads a model) skip it."""
     gc.freeze()
 
 

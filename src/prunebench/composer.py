@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from hydra import compose
 from hydra.core.config_loader import ConfigLoader
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
@@ -28,6 +29,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 VALUES: dict[str, object] = {}
 # the root key a compose reads value lines under (each its own key, `v0`, `v1`...), removed after
 READ = "_composer_values"
+# the latest 256 trees made in this process, by where Hydra reads configs (its sources), the primary
+# config, Hydra's own overrides and the choices: a plan's composer and its sweeper's share them
+TREES: OrderedDict[tuple, tuple[DictConfig, frozenset[str]]] = OrderedDict()
 
 
 class Composer:
@@ -39,7 +43,6 @@ class Composer:
     def __init__(self, config_name: str = "config", hydra_overrides: Iterable[str] = ()) -> None:
         self.config_name = config_name
         self.hydra_overrides = tuple(hydra_overrides)
-        self.made: OrderedDict[tuple[str, ...], tuple[DictConfig, frozenset[str]]] = OrderedDict()  # the latest 256
 
     def __call__(self, overrides: Iterable[str]) -> DictConfig:
         overrides = list(overrides)
@@ -75,9 +78,11 @@ class Composer:
         chosen as a list of options (`task=[commonsense,openbookqa]`, merged in order) has no single
         choice there, and stays a group. A tree not made yet reads the value `lines` not read yet in
         the same compose (where one of them is not a value Hydra reads, the tree is composed alone)."""
-        if choices in self.made:
-            self.made.move_to_end(choices)
-            return self.made[choices]
+        sources = tuple((s.provider, s.path) for s in GlobalHydra.instance().config_loader().get_sources())
+        key = sources, self.config_name, self.hydra_overrides, choices
+        if key in TREES:
+            TREES.move_to_end(key)
+            return TREES[key]
         overrides = [*self.hydra_overrides, *choices]
         unread = list(dict.fromkeys(line for line in lines if line not in VALUES))
         try:
@@ -90,9 +95,9 @@ class Composer:
             read(tree, unread)
         with open_dict(tree):
             del tree["hydra"]  # as compose leaves a job's config
-        self.made[choices] = tree, groups
-        if len(self.made) > 256:
-            self.made.popitem(last=False)
+        TREES[key] = tree, groups
+        if len(TREES) > 256:
+            TREES.popitem(last=False)
         return tree, groups
 
     def parsed(self, lines: list[str]) -> list[tuple[str, object]] | None:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from prunebench.cache import content_key
 from prunebench.inputs import job_inputs
 from prunebench.tracking import store
-from prunebench.tracking.run_key import dense_config, is_dense, run_key
+from prunebench.tracking.run_key import dense_config, dense_key, is_dense, run_key
 from prunebench.tracking.tags import flatten, setting_tags
 
 DENSE = "(dense baseline)"
@@ -324,8 +324,10 @@ def plan(grid: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> l
                                      note="; ".join(deferred), durations=finished[where].durations.get(TIMING.of_job(cfg), [])),
                           cfg, tasks, where))
         if not is_dense(cfg) and cfg.tracking.ensure_dense:
-            baseline = dense_config(cfg)
-            dense.setdefault(run_key(baseline, inputs), (baseline, where, tasks, []))[3].append(len(jobs) - 1)
+            baseline = dense_key(cfg, inputs)
+            if baseline not in dense:
+                dense[baseline] = dense_config(cfg), where, tasks, []
+            dense[baseline][3].append(len(jobs) - 1)
     for key, (cfg, where, tasks, serves) in dense.items():
         if key not in by_key:
             jobs.append(timed(PlannedJob([DENSE, f"model={cfg.model.name}", f"task={cfg.task.name}"],
