@@ -66,6 +66,7 @@ CONTRACT = (
 RUNTIME_PATHS = tuple(f.path for f in CONTRACT if f.role == RUNTIME)
 ROOT_KEYS = frozenset(f.path for f in CONTRACT if "." not in f.path)
 DENSE_PRUNER = {"_target_": "prunebench.pruners.base.NoPruner", "name": "none"}
+DENSE_VALUES = {"pruner": DENSE_PRUNER, "sparsity": 0.0}  # what makes a job its dense baseline
 
 
 def is_dense(cfg: DictConfig) -> bool:
@@ -85,7 +86,7 @@ def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -
     no part of the identity, so `seed=0,1` evaluates the dense model once."""
     data = fields(cfg, inputs)
     if "seed" in data:
-        with seed_set(cfg, f"{cfg.seed}-probe") as other:  # any other value: what resolves from it changes with it
+        with values_set(cfg, {"seed": f"{cfg.seed}-probe"}) as other:  # any other value: what resolves from it changes with it
             probe = fields(other, inputs)
         if {k: v for k, v in probe.items() if k != "seed"} == {k: v for k, v in data.items() if k != "seed"}:
             data.pop("seed")
@@ -93,23 +94,32 @@ def identity(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -
 
 
 @contextmanager
-def seed_set(cfg: DictConfig, value: str) -> Iterator[DictConfig]:
-    """`cfg` with its root seed set to `value` inside the block and as it was after it: set in place,
-    since a deep copy of a job's config costs as much as resolving it (a plan keys each job twice);
-    a seed written as an interpolation is set on a copy, so that it stays written as it was."""
-    if OmegaConf.is_interpolation(cfg, "seed"):
-        other = copy.deepcopy(cfg)
-        with open_dict(other):
-            other.seed = value
-        yield other
+def values_set(cfg: DictConfig, values: dict) -> Iterator[DictConfig]:
+    """`cfg` with these root values inside the block and as it was after it: set in place, since a
+    deep copy of a job's config costs as much as resolving it (a plan keys each job, with a seed probe,
+    and its dense baseline); where one of them is written as an interpolation, set on a copy
+    (`with_values`), so that it stays written as it was."""
+    if any(OmegaConf.is_interpolation(cfg, key) for key in values):
+        yield with_values(cfg, values)
         return
-    seed = cfg.seed
+    before = {key: cfg[key] for key in values}
     with flag_override(cfg, ["readonly", "struct"], False):
-        cfg.seed = value
+        for key, value in values.items():
+            cfg[key] = value
         try:
             yield cfg
         finally:
-            cfg.seed = seed
+            for key, value in before.items():
+                cfg[key] = value
+
+
+def with_values(cfg: DictConfig, values: dict) -> DictConfig:
+    """A copy of `cfg` with these root values."""
+    other = copy.deepcopy(cfg)
+    with open_dict(other):
+        for key, value in values.items():
+            other[key] = value
+    return other
 
 
 def undeclared(cfg: DictConfig) -> list[str]:
@@ -195,14 +205,10 @@ def run_key(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) ->
 
 
 def dense_config(cfg: DictConfig) -> DictConfig:
-    dense = copy.deepcopy(cfg)
-    with_struct = OmegaConf.is_struct(dense)
-    OmegaConf.set_struct(dense, False)
-    dense.pruner = DENSE_PRUNER
-    dense.sparsity = 0.0
-    OmegaConf.set_struct(dense, with_struct)
-    return dense
+    return with_values(cfg, DENSE_VALUES)
 
 
 def dense_key(cfg: DictConfig, inputs: dict[str, dict[str, str]] | None = None) -> str:
-    return run_key(dense_config(cfg), inputs)
+    """The run key of `dense_config(cfg)`, keyed on `cfg` itself with the dense values set for the while."""
+    with values_set(cfg, DENSE_VALUES) as dense:
+        return run_key(dense, inputs)
