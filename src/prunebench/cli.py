@@ -74,26 +74,10 @@ def end_runs_on_sigterm() -> None:
     interrupts.install()
 
 
-# where SystemExit must not start: raised inside an MLflow SQL-store call, it left that call's
-# connection holding SQLite's write lock until the process died, so the job's own KILLED write and
-# every other job's write to the store failed ("database is locked", seen under scancel); raised in
-# a finalizer SQLAlchemy runs, Python swallowed it ("Exception ignored in") and the job ran on
-STORE_MODULES = ("sqlalchemy", "mlflow.store")
-TERM_AGAIN_S = 0.05
-
-
 def exit_outside_the_store(signum: int, frame) -> None:
-    """The SIGTERM handler: exits, unless the main thread is inside the store's code; then the
-    signal comes again a moment later, by when that call has most likely returned."""
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if any(module == name or module.startswith(name + ".") for name in STORE_MODULES):
-            again = threading.Timer(TERM_AGAIN_S, os.kill, (os.getpid(), signum))
-            again.daemon = True
-            again.start()
-            return
-        frame = frame.f_back
-    sys.exit(128 + signum)
+    """The SIGTERM handler: exits, unless the main thread is inside the store's code (`interrupts.deferred`)."""
+    if not interrupts.deferred(signum, frame):
+        sys.exit(128 + signum)
 
 
 def main() -> None:

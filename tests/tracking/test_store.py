@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from prunebench.cli import exit_outside_the_store
-from prunebench.tracking import store
+from prunebench.tracking import interrupts, store
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 RUNS_EACH = 10
@@ -85,20 +85,32 @@ def frame_of(*modules: str):
     return call()
 
 
-@pytest.mark.parametrize("module", ["sqlalchemy.orm.session", "mlflow.store.tracking.sqlalchemy_store"])
-def test_sigterm_inside_a_store_call_comes_again_instead_of_exiting_there(monkeypatch, module):
-    """SystemExit raised inside the SQL store left its connection holding SQLite's write lock (the
-    job's KILLED write and every other writer then failed, "database is locked"), or was swallowed
-    by a finalizer SQLAlchemy was running: the handler lets the call return and the signal come again."""
+STORE_FRAMES = ["sqlalchemy.orm.session", "mlflow.store.tracking.sqlalchemy_store"]
+HANDLERS = {signal.SIGTERM: exit_outside_the_store, signal.SIGINT: interrupts.on_sigint}
+
+
+@pytest.mark.parametrize("signum", HANDLERS, ids=lambda s: s.name)
+@pytest.mark.parametrize("module", STORE_FRAMES)
+def test_a_signal_inside_a_store_call_comes_again_instead_of_raising_there(monkeypatch, module, signum):
+    """SystemExit or KeyboardInterrupt raised inside the SQL store left its connection holding
+    SQLite's write lock (the job's KILLED write and every other writer then failed, "database is
+    locked"), was turned by SQLAlchemy's autoflush into an error that ended the job FAILED, or was
+    swallowed by a finalizer SQLAlchemy was running: the handler lets the call return and the
+    signal come again. A Ctrl-C is remembered meanwhile."""
+    monkeypatch.setattr(interrupts, "received", [])
     again = threading.Event()
-    monkeypatch.setattr(os, "kill", lambda pid, signum: again.set() if (pid, signum) == (os.getpid(), signal.SIGTERM)
-                        else None)
+    monkeypatch.setattr(os, "kill", lambda pid, sent: again.set() if (pid, sent) == (os.getpid(), signum) else None)
     # the store's code calls another library's (the innermost frame): the handler looks outward
-    exit_outside_the_store(signal.SIGTERM, frame_of(module, "json.decoder"))  # returns: no SystemExit
+    HANDLERS[signum](signum, frame_of(module, "json.decoder"))  # returns: nothing raised
     assert again.wait(10)
+    assert interrupts.received == ([signal.SIGINT] if signum == signal.SIGINT else [])
 
 
-def test_sigterm_anywhere_else_exits_at_once_with_its_status():
+def test_a_signal_anywhere_else_stops_the_job_at_once(monkeypatch):
+    monkeypatch.setattr(interrupts, "received", [])
     with pytest.raises(SystemExit) as ended:
         exit_outside_the_store(signal.SIGTERM, frame_of("prunebench.job", "json.decoder"))
     assert ended.value.code == 128 + signal.SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.on_sigint(signal.SIGINT, frame_of("prunebench.job", "json.decoder"))
+    assert interrupts.stopped(RuntimeError("an error a library raised in the KeyboardInterrupt's place"))

@@ -116,7 +116,7 @@ def job_run(claim, run_name: str):
             yield run
         interrupts.check()  # a Ctrl-C a library swallowed: not FINISHED
     except BaseException as err:
-        status = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        status = "KILLED" if interrupts.stopped(err) else "FAILED"
         log.error("%s %s: %s: %s (run %s)", status, run_name, type(err).__name__, err, run.info.run_id)
         try:
             mlflow.log_text(traceback.format_exc(), "traceback.txt")

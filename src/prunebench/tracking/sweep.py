@@ -318,13 +318,13 @@ def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: f
     end = JobEnd()
     try:
         yield end
-    except Exception as err:
+    except BaseException as err:
+        if interrupts.stopped(err):
+            cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
+            raise
         cells.job_tag(client, parent_run_id, num, {**state, "state": cells.FAILED, "end": time.time(),
                                                    "error": f"{type(err).__name__}: {err}"[:1000]})
         close_quietly(uri, parent_run_id, stale_s)
-        raise
-    except BaseException:
-        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
         raise
     if interrupts.received:  # a Ctrl-C a library swallowed: the job and the sweep stop here
         cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
