@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import FIXTURES, planned_sweep
+from conftest import FIXTURES, compose_cfg, planned_sweep
 from prunebench import job
 from prunebench.paths import CONF_DIR
 from prunebench.cli import plan_main
@@ -72,9 +72,8 @@ def test_preset_first_two_jobs_run_on_tiny_models(name, preset_data, store):
     without its validation where this test runs alone)."""
     grid = ([j.overrides for j in PLANNED[name] if j.overrides[0] != DENSE] if name in PLANNED
             else planned_sweep([f"experiment={name}", *tiny(name, preset_data)], validated=False))
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        for overrides in grid[:2]:
-            job.run(compose("config", overrides=overrides), overrides)
+    for overrides in grid[:2]:  # from the trees the plan composed (its equality to Hydra's: above)
+        job.run(compose_cfg(overrides), overrides)
     runs = mlflow.search_runs(experiment_names=["prunebench"], filter_string="attributes.status = 'FINISHED'")
     assert len(runs) == 3  # the two jobs and their dense baseline, evaluated first
 
