@@ -6,8 +6,7 @@ the job's own KILLED write and every other job's write failed ("database is lock
 scancel), or SQLAlchemy's autoflush turned it into a StatementError and the job's run and cell ended
 FAILED, not KILLED; raised in a finalizer SQLAlchemy runs, Python swallowed it ("Exception ignored
 in") and the job ran on. There the signal comes again a moment later (`deferred`), by when the call
-has most likely returned. Not in a call to a tracking server (tracking=server): nothing of the
-store's is held there, and its HTTP retries may take minutes that Ctrl-C should not wait out.
+has most likely returned.
 
 Some libraries swallow the KeyboardInterrupt (a bare `except:` around an import probe), and a
 sweep's job then ran on and ended FINISHED, and the sweep went on to its next job, as if no one had
@@ -21,9 +20,7 @@ import signal
 import threading
 
 received: list[int] = []
-# the SQL store's code: SQLAlchemy, MLflow's session handling and its SQL stores
-STORE_MODULES = ("sqlalchemy", "mlflow.store.db", "mlflow.store.tracking.sqlalchemy_store",
-                 "mlflow.store.model_registry.sqlalchemy_store")
+STORE_MODULES = ("sqlalchemy", "mlflow.store")
 AGAIN_S = 0.05
 
 
