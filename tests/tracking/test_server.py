@@ -226,6 +226,44 @@ def test_a_job_survives_a_server_restart_in_the_middle_of_logging(server):
     assert "local_mc/acc" in run.data.metrics and "avg/score" in run.data.metrics
 
 
+def test_ctrl_c_while_the_server_is_down_stops_the_job_at_once_and_its_run_ends_killed(server):
+    """Ctrl-C during MLflow's retries against a stopped server interrupts them (they would wait
+    minutes, tracking.http): the job ends its run KILLED, written once the server is back. No
+    heartbeat: every retry is the job's own call."""
+    job = prunebench(server, "sparsity=0.8", "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=3600")
+    try:
+        while not [r for r in all_runs(server) if r.data.tags.get("prunebench.sparsity") == "0.8"
+                   and r.info.status == "RUNNING" and r.data.params]:
+            assert job.poll() is None, job.communicate()[0][-5000:]
+            time.sleep(0.2)
+        pause_process(job)
+        server.stop()
+    finally:
+        os.kill(job.pid, signal.SIGCONT)
+    seen, interrupted = [], False
+    # a job that waits out its retries instead never says KILLED while the server is down: stopped
+    # here long before them (its log ends, and the test fails naming what it printed)
+    guard = threading.Timer(120, job.kill)
+    guard.start()
+    try:
+        for line in job.stdout:
+            seen.append(line)
+            if "Retrying (" in line and not interrupted:
+                job.send_signal(signal.SIGINT)
+                interrupted = True
+            if "KILLED " in line:  # the job's error line, logged before it writes KILLED to the store
+                break
+        else:
+            raise AssertionError("the job never said KILLED while the server was down:\n" + "".join(seen)[-5000:])
+    finally:
+        guard.cancel()
+        server.start()
+    out, _ = job.communicate(timeout=HANG_GUARD_S)
+    assert job.returncode != 0, out[-5000:]
+    (run,) = [r for r in all_runs(server) if r.data.tags.get("prunebench.sparsity") == "0.8"]
+    assert run.info.status == "KILLED", "".join(seen)[-3000:] + out[-3000:]
+
+
 def tracking(**http) -> OmegaConf:
     return OmegaConf.create({"uri": "http://127.0.0.1:5000", "http": {"max_retries": 10, **http}})
 

@@ -106,6 +106,18 @@ def test_a_signal_inside_a_store_call_comes_again_instead_of_raising_there(monke
     assert interrupts.received == ([signal.SIGINT] if signum == signal.SIGINT else [])
 
 
+@pytest.mark.parametrize("signum", HANDLERS, ids=lambda s: s.name)
+def test_a_signal_during_a_tracking_servers_call_stops_the_job_at_once(monkeypatch, signum):
+    """A REST call holds no lock of the job's, and MLflow's client may retry a server that is down
+    for minutes: the signal raises there (tests/tracking/test_server.py: for real)."""
+    monkeypatch.setattr(interrupts, "received", [])
+    monkeypatch.setattr(os, "kill", lambda *sent: pytest.fail(f"the signal was sent again: {sent}"))
+    frame = frame_of("mlflow.tracking.client", "mlflow.store.tracking.rest_store", "mlflow.utils.rest_utils",
+                     "mlflow.utils.request_utils", "urllib3.util.retry")
+    with pytest.raises(SystemExit if signum == signal.SIGTERM else KeyboardInterrupt):
+        HANDLERS[signum](signum, frame)
+
+
 def test_a_signal_anywhere_else_stops_the_job_at_once(monkeypatch):
     monkeypatch.setattr(interrupts, "received", [])
     with pytest.raises(SystemExit) as ended:

@@ -6,7 +6,9 @@ the job's own KILLED write and every other job's write failed ("database is lock
 scancel), or SQLAlchemy's autoflush turned it into a StatementError and the job's run and cell ended
 FAILED, not KILLED; raised in a finalizer SQLAlchemy runs, Python swallowed it ("Exception ignored
 in") and the job ran on. There the signal comes again a moment later (`deferred`), by when the call
-has most likely returned.
+has most likely returned. A tracking server's call (`tracking=server`) is no such place: it holds no
+connection or lock of the job's, the server commits or does not, and MLflow's client retries a
+server that is down for minutes (docs/cluster.md), so a signal there raises at once.
 
 Some libraries swallow the KeyboardInterrupt (a bare `except:` around an import probe), and a
 sweep's job then ran on and ended FINISHED, and the sweep went on to its next job, as if no one had
@@ -21,21 +23,28 @@ import threading
 
 received: list[int] = []
 STORE_MODULES = ("sqlalchemy", "mlflow.store")
+# MLflow's HTTP client, under its REST store and its artifact proxy's repository, with the retries
+HTTP_MODULES = ("mlflow.utils.rest_utils", "mlflow.utils.request_utils")
 AGAIN_S = 0.05
 
 
 def deferred(signum: int, frame) -> bool:
-    """Whether the main thread (`frame`, a handler's) is inside the store's code; then `signum`
-    comes again AGAIN_S later and the handler returns without raising."""
+    """Whether the main thread (`frame`, a handler's) is inside the store's code, not waiting on a
+    tracking server; then `signum` comes again AGAIN_S later and the handler returns without raising."""
+    modules = []
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if any(module == name or module.startswith(name + ".") for name in STORE_MODULES):
-            again = threading.Timer(AGAIN_S, os.kill, (os.getpid(), signum))
-            again.daemon = True
-            again.start()
-            return True
+        modules.append(frame.f_globals.get("__name__", ""))
         frame = frame.f_back
-    return False
+    if not within(modules, STORE_MODULES) or within(modules, HTTP_MODULES):
+        return False
+    again = threading.Timer(AGAIN_S, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+    return True
+
+
+def within(modules: list[str], packages: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for module in modules for name in packages)
 
 
 def on_sigint(signum: int, frame) -> None:
