@@ -151,13 +151,17 @@ def defines(cfg: DictConfig, key: str) -> bool:
 class ComposingLoader(ConfigLoader):
     """Hydra's config loader, whose compose of a sweep's job (the sweeper's check that each job
     composes) is a `Composer`'s; the rest (the sweep parser's `glob()` reads the groups' options
-    here) is Hydra's own."""
+    here) is Hydra's own. The sweeper throws its check's configs away: where `checked` is given,
+    each stays there under its job's overrides, for a caller that composes the same jobs next."""
 
-    def __init__(self, loader: ConfigLoader, composer) -> None:
-        self.loader, self.composer = loader, composer
+    def __init__(self, loader: ConfigLoader, composer, checked: dict[tuple[str, ...], DictConfig] | None = None) -> None:
+        self.loader, self.composer, self.checked = loader, composer, checked
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        return self.composer(list(sweep_overrides))
+        cfg = self.composer(list(sweep_overrides))
+        if self.checked is not None:
+            self.checked[tuple(sweep_overrides)] = cfg
+        return cfg
 
     def load_configuration(self, *args, **kwargs):
         return self.loader.load_configuration(*args, **kwargs)

@@ -408,15 +408,22 @@ def planned(config: DictConfig) -> list[PlannedJob]:
     from prunebench.composer import Composer
 
     composer = Composer(config.hydra.job.config_name, config.hydra.overrides.hydra)
-    return plan(sweep_grid(config, composer), composer)
+    checked: dict[tuple[str, ...], DictConfig] = {}  # the sweeper's check composed each job already
+    grid = sweep_grid(config, composer, checked)
+
+    def composed(overrides: list[str]) -> DictConfig:
+        cfg = checked.pop(tuple(overrides), None)
+        return composer(overrides) if cfg is None else cfg
+
+    return plan(grid, composed)
 
 
-def sweep_grid(config: DictConfig, composer=None) -> list[list[str]]:
+def sweep_grid(config: DictConfig, composer=None, checked: dict | None = None) -> list[list[str]]:
     """Each job's overrides in launch order, as the config's own sweeper expands them for
     `prunebench -m` (a preset's axes, `glob()`, `range()`, interpolations), handed to a launcher that
     runs nothing (hydra_plugins' PlanLauncher), in a scratch sweep folder. The sweeper's check that
     every job composes goes through `composer` (the defaults tree once per set of group choices, not
-    once per job)."""
+    once per job), and what it composed stays in `checked` (`ComposingLoader`)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext
@@ -429,8 +436,8 @@ def sweep_grid(config: DictConfig, composer=None) -> list[list[str]]:
         with open_dict(planning):
             planning.hydra.launcher = {"_target_": "hydra_plugins.prunebench_launcher.plan_launcher.PlanLauncher"}
             planning.hydra.sweep.dir = scratch  # the sweeper writes its multirun.yaml there
-        loader = ComposingLoader(GlobalHydra.instance().config_loader(), composer)
+        loader = ComposingLoader(GlobalHydra.instance().config_loader(), composer, checked)
         sweeper = Plugins.instance().instantiate_sweeper(config=planning, task_function=lambda cfg: None,
                                                          hydra_context=HydraContext(config_loader=loader, callbacks=None))
-        return [[o for o in job.overrides if not o.startswith("plan=")]
-                for batch in sweeper.sweep(arguments=list(config.hydra.overrides.task)) for job in batch]
+        arguments = [o for o in config.hydra.overrides.task if not o.startswith("plan=")]
+        return [list(job.overrides) for batch in sweeper.sweep(arguments=arguments) for job in batch]
