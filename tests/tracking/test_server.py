@@ -201,17 +201,24 @@ def test_the_anonymous_and_a_wrong_password_are_refused(server):
     assert listed.status_code == 401
 
 
-def test_a_job_survives_a_server_restart_in_the_middle_of_logging(server):
-    job = prunebench(server, "sparsity=0.9", "tracking.ensure_dense=false")
+def job_meeting_a_stopped_server(server, sparsity: str, *overrides: str) -> subprocess.Popen:
+    """A job at `sparsity`, paused inside its run (claimed, parameters logged, metrics still to
+    come) while the whole server stops, then resumed: its next request meets the stopped server."""
+    job = prunebench(server, f"sparsity={sparsity}", "tracking.ensure_dense=false", *overrides)
     try:
-        while not [r for r in all_runs(server) if r.data.tags.get("prunebench.sparsity") == "0.9"
+        while not [r for r in all_runs(server) if r.data.tags.get("prunebench.sparsity") == sparsity
                    and r.info.status == "RUNNING" and r.data.params]:
             assert job.poll() is None, job.communicate()[0][-5000:]
             time.sleep(0.2)
-        pause_process(job)  # inside its job: claimed, parameters logged, metrics still to come
+        pause_process(job)
         server.stop()
     finally:
         os.kill(job.pid, signal.SIGCONT)
+    return job
+
+
+def test_a_job_survives_a_server_restart_in_the_middle_of_logging(server):
+    job = job_meeting_a_stopped_server(server, "0.9")
     seen = []
     for line in job.stdout:  # its next request (a heartbeat within 1 s) meets the stopped server
         seen.append(line)
@@ -230,16 +237,7 @@ def test_ctrl_c_while_the_server_is_down_stops_the_job_at_once_and_its_run_ends_
     """Ctrl-C during MLflow's retries against a stopped server interrupts them (they would wait
     minutes, tracking.http): the job ends its run KILLED, written once the server is back. No
     heartbeat: every retry is the job's own call."""
-    job = prunebench(server, "sparsity=0.8", "tracking.ensure_dense=false", "tracking.claim.heartbeat_s=3600")
-    try:
-        while not [r for r in all_runs(server) if r.data.tags.get("prunebench.sparsity") == "0.8"
-                   and r.info.status == "RUNNING" and r.data.params]:
-            assert job.poll() is None, job.communicate()[0][-5000:]
-            time.sleep(0.2)
-        pause_process(job)
-        server.stop()
-    finally:
-        os.kill(job.pid, signal.SIGCONT)
+    job = job_meeting_a_stopped_server(server, "0.8", "tracking.claim.heartbeat_s=3600")
     seen, interrupted = [], False
     # a job that waits out its retries instead never says KILLED while the server is down: stopped
     # here long before them (its log ends, and the test fails naming what it printed)

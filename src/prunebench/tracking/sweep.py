@@ -318,6 +318,7 @@ def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: f
     end = JobEnd()
     try:
         yield end
+        interrupts.check()  # a Ctrl-C a library swallowed: the job and the sweep stop here
     except BaseException as err:
         if interrupts.stopped(err):
             cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
@@ -326,9 +327,6 @@ def job_state(uri: str, parent_run_id: str, num: int, overrides: str, stale_s: f
                                                    "error": f"{type(err).__name__}: {err}"[:1000]})
         close_quietly(uri, parent_run_id, stale_s)
         raise
-    if interrupts.received:  # a Ctrl-C a library swallowed: the job and the sweep stop here
-        cells.job_tag(client, parent_run_id, num, {**state, "state": cells.KILLED, "end": time.time()})
-        interrupts.check()
     cells.job_tag(client, parent_run_id, num, {**state, "state": "SKIPPED" if end.skipped else "FINISHED",
                                                "end": time.time()})
     close_quietly(uri, parent_run_id, stale_s)
